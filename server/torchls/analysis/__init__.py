@@ -1,0 +1,99 @@
+"""Pure static analysis of PyTorch training code: source text in, findings out.
+
+Never imports pygls or torch. The one entry point is `analyze()`; `loss_contract_at()` serves
+the editor hover. Rules live in `torchls.analysis.rules`, registered in `registry`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from torchls.analysis.findings import Edit, Finding, Fix, Position, Related, Span
+from torchls.analysis.registry import RULES, Hit, Rule, all_rules, get_rule
+from torchls.analysis.source import ParsedSource, SourceError, SyntaxProblem, decode_source
+
+__all__ = [
+    "RULES",
+    "AnalysisResult",
+    "Edit",
+    "Finding",
+    "Fix",
+    "Position",
+    "Related",
+    "Rule",
+    "SourceError",
+    "Span",
+    "SyntaxProblem",
+    "all_rules",
+    "analyze",
+    "get_rule",
+    "loss_contract_at",
+]
+
+
+@dataclass
+class AnalysisResult:
+    """Findings (sorted by position) for one file, plus what kept the analysis from being whole.
+
+    `error` is set (and `findings` empty) only when the file could not be analysed at all.
+    `syntax_errors` lists the first syntax error when some lines had to be skipped.
+    """
+
+    findings: list[Finding] = field(default_factory=list)
+    syntax_errors: list[SyntaxProblem] = field(default_factory=list)
+    error: str | None = None
+    parsed: ParsedSource | None = None
+
+
+def analyze(
+    source: str | bytes,
+    filename: str = "<stdin>",
+    enabled: Callable[[str], bool] | None = None,
+    respect_noqa: bool = True,
+) -> AnalysisResult:
+    """Run every enabled rule on one file's source."""
+    from torchls.analysis.facts import build_facts
+    from torchls.analysis.noqa import is_silenced, noqa_map
+
+    try:
+        text = decode_source(source) if isinstance(source, bytes) else source
+        from torchls.analysis.source import parse_source
+
+        parsed = parse_source(text)
+        rules = [r for r in all_rules() if enabled is None or enabled(r.code)]
+        facts = build_facts(parsed, filename)
+        silenced = noqa_map(parsed.lines) if respect_noqa else {}
+        findings: list[Finding] = []
+        for rule_ in rules:
+            for hit in rule_.check(facts):
+                finding = _to_finding(rule_, hit, parsed)
+                if finding.span.start.row in parsed.blanked_rows:
+                    continue
+                if is_silenced(silenced, finding.span.start.row, finding.code):
+                    continue
+                findings.append(finding)
+    except SourceError as error:
+        return AnalysisResult(error=str(error))
+    except RecursionError:
+        return AnalysisResult(error="nesting too deep to analyse")
+    findings.sort(key=lambda f: (f.span.start, f.code))
+    return AnalysisResult(findings, parsed.syntax_errors, None, parsed)
+
+
+def _to_finding(rule_: Rule, hit: Hit, parsed: ParsedSource) -> Finding:
+    span = hit.where if isinstance(hit.where, Span) else parsed.span(hit.where, hit.end)
+    return Finding(rule_.code, hit.message, rule_.severity, span, hit.fix, hit.related)
+
+
+def loss_contract_at(source: str, row: int, column: int, filename: str = "<stdin>") -> str | None:
+    """Markdown describing the loss contract at a 1-based row / 0-based code-point column."""
+    from torchls.analysis.contracts import contract_markdown_at
+    from torchls.analysis.facts import build_facts
+    from torchls.analysis.source import parse_source
+
+    try:
+        parsed = parse_source(source)
+        return contract_markdown_at(build_facts(parsed, filename), row, column)
+    except (SourceError, RecursionError):
+        return None

@@ -1,0 +1,886 @@
+"""The facts of one file, built once and shared by every rule.
+
+In: a `ParsedSource`. Out: `Facts`, which knows the import aliases, the functions and classes,
+which names hold models, losses, optimizers, schedulers, scalers and loaders, the loops and their
+roles (epoch, batch, training, evaluation), where gradients are disabled, the train/eval mode of
+each model at each call (see `modes.py`), and where a value comes from (`origins`).
+
+Rules ask these questions instead of matching names themselves; that is what keeps them precise.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from torchls.analysis.source import ParsedSource
+
+FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
+ScopeNode = ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
+
+MAX_DEPTH = 6
+
+# Names people give to things when the constructor is out of sight (a parameter, an import).
+MODEL_NAME_RE = re.compile(
+    r"^(model|net|network|module|classifier|encoder|decoder|backbone|generator|discriminator|"
+    r"student|teacher|.+_model|model_.+|.+_net|.+net)$",
+    re.IGNORECASE,
+)
+OPTIMIZER_NAME_RE = re.compile(r"^(opt|optim|optimi[sz]er|.+_optimi[sz]er|optimi[sz]er_.+|opt_.+|.+_opt)$")
+LOADER_NAME_RE = re.compile(r"(loader|^dl$|_dl$|^dl_|batches$|^batch_iter)", re.IGNORECASE)
+LOSS_NAME_RE = re.compile(r"^(criterion|loss_fn|loss_func|lossfn|.+_criterion|criterion_.+)$")
+EVAL_ROLE_RE = re.compile(r"(^|_)(val|valid|validation|test|eval|evaluation|dev|holdout)(_|$|loader|set)")
+EVAL_FUNCTION_RE = re.compile(
+    r"^_?(validate|validation|evaluate|evaluation|eval|test|val|valid|run_eval|run_validation|"
+    r"run_test|evaluate_.+|validate_.+|eval_.+|.+_eval|.+_evaluate|.+_validation|.+_validate|"
+    r"val_.+|valid_.+|test_epoch|test_model|test_loop|eval_loop|val_loop)$"
+)
+
+EPOCH_SCHEDULERS = {
+    "StepLR",
+    "MultiStepLR",
+    "ExponentialLR",
+    "CosineAnnealingLR",
+    "ReduceLROnPlateau",
+    "PolynomialLR",
+    "ConstantLR",
+    "LinearLR",
+}
+STEP_SCHEDULERS = {"OneCycleLR", "CyclicLR", "CosineAnnealingWarmRestarts"}
+# Modules whose construction yields no parameters and whose output is not a model's.
+ACTIVATION_MODULES = {
+    "Softmax",
+    "LogSoftmax",
+    "Sigmoid",
+    "ReLU",
+    "GELU",
+    "Tanh",
+    "Dropout",
+    "Identity",
+    "Flatten",
+    "LeakyReLU",
+    "SiLU",
+    "Softmax2d",
+}
+GRAD_DISABLING = {
+    "torch.no_grad",
+    "torch.inference_mode",
+    "torch.autograd.no_grad",
+    "torch.autograd.grad_mode.no_grad",
+    "torch.autograd.inference_mode",
+}
+PASS_THROUGH_METHODS = {
+    "to",
+    "cuda",
+    "cpu",
+    "float",
+    "double",
+    "half",
+    "bfloat16",
+    "contiguous",
+    "squeeze",
+    "unsqueeze",
+    "view",
+    "reshape",
+    "flatten",
+    "clone",
+    "permute",
+    "transpose",
+}
+
+
+@dataclass(frozen=True)
+class ObjectKind:
+    """What a name holds: `kind` is model, loss, optimizer, scheduler, scaler or loader."""
+
+    kind: str
+    detail: str = ""  # constructor's short name: "CrossEntropyLoss", "StepLR", ...
+    node: ast.AST | None = None  # the constructor call when it is in this file
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a value comes from: `node` computes it; `via` lists the steps followed to get there.
+
+    `module_output` marks that the value is the output of calling the module built by `node`
+    (so `nn.Softmax(dim=1)` as origin means "a softmax output").
+    """
+
+    node: ast.AST
+    via: tuple[ast.AST, ...] = ()
+    module_output: bool = False
+
+
+@dataclass
+class ClassInfo:
+    node: ast.ClassDef
+    bases: list[str]
+    methods: dict[str, FunctionNode] = field(default_factory=dict)
+    # self.<attr> = value assignments anywhere in the class.
+    attributes: dict[str, list[ast.expr]] = field(default_factory=dict)
+
+    @property
+    def is_dataclass(self) -> bool:
+        for decorator in self.node.decorator_list:
+            target = decorator.func if isinstance(decorator, ast.Call) else decorator
+            name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
+            if name == "dataclass":
+                return True
+        return False
+
+
+@dataclass
+class Assignment:
+    """One binding of a name: `value` is the assigned expression, `index` the tuple position
+    when the target was unpacked (`a, b = ...` gives index 0 and 1)."""
+
+    stmt: ast.stmt
+    value: ast.expr | None
+    index: int | None = None
+    loop: ast.For | ast.AsyncFor | None = None  # set when the name is a loop target
+
+
+class Facts:
+    """Everything rules need to know about one file; computed lazily, each part once."""
+
+    def __init__(self, parsed: ParsedSource, filename: str) -> None:
+        self.source = parsed
+        self.filename = filename
+        self.tree = parsed.tree
+        self.parents: dict[ast.AST, ast.AST] = {}
+        self.imports: dict[str, str] = {}
+        self.functions: dict[str, FunctionNode] = {}
+        self.classes: dict[str, ClassInfo] = {}
+        self.calls: list[ast.Call] = []
+        self.loops: list[ast.For | ast.AsyncFor | ast.While] = []
+        self.assignments: dict[ast.AST, dict[str, list[Assignment]]] = {}
+        self.scope_of_node: dict[ast.AST, ScopeNode] = {}
+        self._collect()
+
+    # ------------------------------------------------------------------ collection (one walk)
+    def _collect(self) -> None:
+        stack: list[tuple[ast.AST, ScopeNode, ast.ClassDef | None]] = [(self.tree, self.tree, None)]
+        self.assignments[self.tree] = {}
+        while stack:
+            node, scope, klass = stack.pop()
+            for child in ast.iter_child_nodes(node):
+                self.parents[child] = node
+                child_scope, child_class = scope, klass
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    self.scope_of_node[child] = scope
+                    self._register_function(child, klass)
+                    self.assignments[child] = {}
+                    self._bind_parameters(child)
+                    child_scope, child_class = child, None
+                elif isinstance(child, ast.Lambda):
+                    self.assignments[child] = {}
+                    child_scope = child
+                elif isinstance(child, ast.ClassDef):
+                    self._register_class(child)
+                    child_class = child
+                else:
+                    self.scope_of_node[child] = scope
+                    self._note(child, scope, klass)
+                stack.append((child, child_scope, child_class))
+
+    def _register_function(self, node: FunctionNode, klass: ast.ClassDef | None) -> None:
+        if klass is not None:
+            info = self.classes.get(klass.name)
+            if info is not None:
+                info.methods[node.name] = node
+        else:
+            self.functions.setdefault(node.name, node)
+
+    def _register_class(self, node: ast.ClassDef) -> None:
+        bases = [self.qualname(base) or self.source.segment(base) for base in node.bases]
+        self.classes[node.name] = ClassInfo(node, bases)
+
+    def _bind_parameters(self, node: FunctionNode) -> None:
+        table = self.assignments[node]
+        args = node.args
+        for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs]:
+            table.setdefault(arg.arg, []).append(Assignment(node, None))  # type: ignore[arg-type]
+
+    def _note(self, node: ast.AST, scope: ScopeNode, klass: ast.ClassDef | None) -> None:
+        if isinstance(node, ast.Call):
+            self.calls.append(node)
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
+            self.loops.append(node)
+            if isinstance(node, (ast.For, ast.AsyncFor)):
+                self._bind_target(node.target, node, None, scope, loop=node)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            self._note_import(node)
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                self._bind_target(target, node, node.value, scope)
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and node.value is not None:
+            if isinstance(node, ast.AnnAssign):
+                self._bind_target(node.target, node, node.value, scope)
+        elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+            stmt = self.parents.get(node)
+            if isinstance(stmt, ast.stmt):
+                self._bind_target(node.optional_vars, stmt, node.context_expr, scope)
+        elif isinstance(node, ast.NamedExpr):
+            stmt = self.enclosing_statement(node)
+            if stmt is not None:
+                self._bind_target(node.target, stmt, node.value, scope)
+
+    def _bind_target(
+        self,
+        target: ast.expr,
+        stmt: ast.stmt,
+        value: ast.expr | None,
+        scope: ScopeNode,
+        index: int | None = None,
+        loop: ast.For | ast.AsyncFor | None = None,
+    ) -> None:
+        if isinstance(target, ast.Name):
+            self.assignments.setdefault(scope, {}).setdefault(target.id, []).append(
+                Assignment(stmt, value, index, loop)
+            )
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            for position, element in enumerate(target.elts):
+                element_value = value
+                element_index: int | None = position
+                if isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(target.elts):
+                    element_value, element_index = value.elts[position], None
+                self._bind_target(element, stmt, element_value, scope, element_index, loop)
+        elif isinstance(target, ast.Starred):
+            self._bind_target(target.value, stmt, None, scope, None, loop)
+        elif (
+            isinstance(target, ast.Attribute)
+            and isinstance(target.value, ast.Name)
+            and target.value.id == "self"
+            and value is not None
+        ):
+            klass = self.enclosing_class(stmt)
+            if klass is not None and klass.name in self.classes:
+                self.classes[klass.name].attributes.setdefault(target.attr, []).append(value)
+
+    def _note_import(self, node: ast.Import | ast.ImportFrom) -> None:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    self.imports[alias.asname] = alias.name
+                else:
+                    top = alias.name.split(".")[0]
+                    self.imports[top] = top
+        elif node.module and node.level == 0:
+            for alias in node.names:
+                self.imports[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+
+    # ------------------------------------------------------------------ structure queries
+    def enclosing_statement(self, node: ast.AST) -> ast.stmt | None:
+        current: ast.AST | None = node
+        while current is not None and not isinstance(current, ast.stmt):
+            current = self.parents.get(current)
+        return current
+
+    def enclosing_class(self, node: ast.AST) -> ast.ClassDef | None:
+        current = self.parents.get(node)
+        while current is not None:
+            if isinstance(current, ast.ClassDef):
+                return current
+            current = self.parents.get(current)
+        return None
+
+    def enclosing_function(self, node: ast.AST) -> FunctionNode | None:
+        current = self.parents.get(node)
+        while current is not None:
+            if isinstance(current, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                return current
+            current = self.parents.get(current)
+        return None
+
+    def scope(self, node: ast.AST) -> ScopeNode:
+        current = self.parents.get(node)
+        while current is not None:
+            if isinstance(current, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                return current
+            current = self.parents.get(current)
+        return self.tree
+
+    def enclosing_loops(self, node: ast.AST) -> list[ast.For | ast.AsyncFor | ast.While]:
+        """Loops around `node` inside its own function, innermost first."""
+        loops = []
+        current = self.parents.get(node)
+        while current is not None and not isinstance(
+            current, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+        ):
+            if isinstance(current, (ast.For, ast.AsyncFor, ast.While)):
+                loops.append(current)
+            current = self.parents.get(current)
+        return loops
+
+    def is_inside(self, node: ast.AST, ancestor: ast.AST) -> bool:
+        current: ast.AST | None = node
+        while current is not None:
+            if current is ancestor:
+                return True
+            current = self.parents.get(current)
+        return False
+
+    def walk_local(self, node: ast.AST) -> Iterator[ast.AST]:
+        """Nodes under `node` without descending into nested functions, lambdas or classes."""
+        todo = list(ast.iter_child_nodes(node))
+        while todo:
+            child = todo.pop()
+            yield child
+            if not isinstance(
+                child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+            ):
+                todo.extend(ast.iter_child_nodes(child))
+
+    def calls_in(self, node: ast.AST) -> list[ast.Call]:
+        calls = [n for n in self.walk_local(node) if isinstance(n, ast.Call)]
+        calls.sort(key=lambda c: (c.lineno, c.col_offset))
+        return calls
+
+    # ------------------------------------------------------------------ names and imports
+    def qualname(self, expr: ast.AST | None) -> str | None:
+        """Fully qualified dotted name of `expr` through the file's imports
+        (`F.softmax` → `torch.nn.functional.softmax`), or None."""
+        parts: list[str] = []
+        while isinstance(expr, ast.Attribute):
+            parts.append(expr.attr)
+            expr = expr.value
+        if not isinstance(expr, ast.Name):
+            return None
+        base = self.imports.get(expr.id)
+        if base is None:
+            return None
+        return ".".join([base, *reversed(parts)])
+
+    def call_qualname(self, call: ast.Call) -> str | None:
+        return self.qualname(call.func)
+
+    def short_name(self, call: ast.Call) -> str:
+        """Last component of what is called: `Adam` for `torch.optim.Adam(...)`."""
+        func = call.func
+        if isinstance(func, ast.Attribute):
+            return func.attr
+        if isinstance(func, ast.Name):
+            qualname = self.imports.get(func.id)
+            return qualname.rsplit(".", 1)[-1] if qualname else func.id
+        return ""
+
+    def is_torch_api(self, call: ast.Call, *names: str) -> bool:
+        """True if the call resolves to one of the dotted `names` (e.g. "torch.load")."""
+        return self.call_qualname(call) in names
+
+    @staticmethod
+    def method_name(call: ast.Call) -> str | None:
+        return call.func.attr if isinstance(call.func, ast.Attribute) else None
+
+    @staticmethod
+    def receiver(call: ast.Call) -> ast.expr | None:
+        return call.func.value if isinstance(call.func, ast.Attribute) else None
+
+    def key(self, expr: ast.AST | None) -> str | None:
+        """A stable text key for a simple receiver: `model`, `self.model`, `self.net.encoder`."""
+        parts: list[str] = []
+        while isinstance(expr, ast.Attribute):
+            parts.append(expr.attr)
+            expr = expr.value
+        if isinstance(expr, ast.Name):
+            return ".".join([expr.id, *reversed(parts)])
+        return None
+
+    @cached_property
+    def torch_alias(self) -> str | None:
+        """The local name under which `torch` itself is imported, if any."""
+        for alias, target in self.imports.items():
+            if target == "torch":
+                return alias
+        return None
+
+    # ------------------------------------------------------------------ bindings
+    def reaching_assignment(self, name: ast.Name) -> Assignment | None:
+        """The assignment of `name` that most plausibly reaches this use: the last one before
+        it in the same scope; for a name never bound locally, the module-level one."""
+        scope = self.scope(name)
+        use_position = (name.lineno, name.col_offset)
+        for table_scope in (scope, self.tree) if scope is not self.tree else (scope,):
+            candidates = self.assignments.get(table_scope, {}).get(name.id)
+            if not candidates:
+                continue
+            before = [
+                a
+                for a in candidates
+                if (a.stmt.lineno, a.stmt.col_offset) < use_position
+                and not self.is_inside(name, a.stmt)
+                or (a.loop is not None and self.is_inside(name, a.loop))
+            ]
+            if table_scope is not scope:
+                before = candidates  # a global read from a function sees the final binding
+            if before:
+                return max(before, key=lambda a: (a.stmt.lineno, a.stmt.col_offset))
+            return None
+        return None
+
+    def assignments_of(self, name: str, scope: ScopeNode) -> list[Assignment]:
+        return self.assignments.get(scope, {}).get(name, [])
+
+    def self_attribute_values(self, expr: ast.Attribute) -> list[ast.expr]:
+        """Values assigned to `self.<attr>` in the class that `expr` is in."""
+        klass = self.enclosing_class(expr)
+        if klass is None or not isinstance(expr.value, ast.Name) or expr.value.id != "self":
+            return []
+        info = self.classes.get(klass.name)
+        return info.attributes.get(expr.attr, []) if info else []
+
+    def binding_value(self, expr: ast.AST) -> ast.expr | None:
+        """The single expression a name or `self.attr` was bound to, when there is one."""
+        if isinstance(expr, ast.Name):
+            assignment = self.reaching_assignment(expr)
+            if assignment is not None and assignment.index is None and assignment.loop is None:
+                return assignment.value
+            return None
+        if isinstance(expr, ast.Attribute):
+            values = self.self_attribute_values(expr)
+            return values[-1] if len(values) == 1 else None
+        return None
+
+    # ------------------------------------------------------------------ kinds of objects
+    def module_class(self, name: str, depth: int = 0) -> ClassInfo | None:
+        """The in-file class `name` when it is (transitively) an `nn.Module` subclass."""
+        info = self.classes.get(name)
+        if info is None or depth > MAX_DEPTH:
+            return None
+        for base in info.bases:
+            if base in ("torch.nn.Module", "torch.nn.modules.module.Module") or base.endswith(
+                ("LightningModule", "nn.Module")
+            ):
+                return info
+            if base in self.classes and self.module_class(base, depth + 1):
+                return info
+        return None
+
+    def kind_of(self, expr: ast.AST | None, depth: int = 0) -> ObjectKind | None:
+        """What kind of training object `expr` holds, or None if unknown."""
+        if expr is None or depth > MAX_DEPTH:
+            return None
+        if isinstance(expr, ast.Call):
+            return self._kind_of_call(expr, depth)
+        if isinstance(expr, (ast.Name, ast.Attribute)):
+            value = self.binding_value(expr)
+            if value is not None:
+                found = self.kind_of(value, depth + 1)
+                if found is not None:
+                    return found
+            name = expr.id if isinstance(expr, ast.Name) else expr.attr
+            return self._kind_from_name(name)
+        return None
+
+    def _kind_from_name(self, name: str) -> ObjectKind | None:
+        if "sched" in name.lower():
+            return ObjectKind("scheduler")
+        if "scaler" in name.lower():
+            return ObjectKind("scaler")
+        if OPTIMIZER_NAME_RE.match(name):
+            return ObjectKind("optimizer")
+        if LOSS_NAME_RE.match(name):
+            return ObjectKind("loss")
+        if LOADER_NAME_RE.search(name):
+            return ObjectKind("loader")
+        if MODEL_NAME_RE.match(name):
+            return ObjectKind("model")
+        return None
+
+    def _kind_of_call(self, call: ast.Call, depth: int) -> ObjectKind | None:
+        qualname = self.call_qualname(call) or ""
+        short = self.short_name(call)
+        method = self.method_name(call)
+        if qualname.startswith("torch.optim.lr_scheduler.") or qualname in (
+            "transformers.get_linear_schedule_with_warmup",
+            "transformers.get_cosine_schedule_with_warmup",
+            "transformers.get_scheduler",
+        ):
+            return ObjectKind("scheduler", short, call)
+        if qualname.startswith("torch.optim.") or (
+            qualname.endswith(("optim.AdamW", "optim.Adam", "optim.SGD")) and qualname
+        ):
+            return ObjectKind("optimizer", short, call)
+        if short == "GradScaler" and qualname.startswith("torch"):
+            return ObjectKind("scaler", short, call)
+        if qualname in ("torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"):
+            return ObjectKind("loader", short, call)
+        if qualname.startswith("torch.nn.") and short.endswith("Loss"):
+            return ObjectKind("loss", short, call)
+        if qualname.startswith("torch.nn.") and short[:1].isupper():
+            if short in ("DataParallel", "DistributedDataParallel") and call.args:
+                return self.kind_of(call.args[0], depth + 1) or ObjectKind("model", short, call)
+            if short in ACTIVATION_MODULES:
+                return ObjectKind("layer", short, call)
+            return ObjectKind("model", short, call)
+        if qualname == "torch.nn.parallel.DistributedDataParallel" and call.args:
+            return self.kind_of(call.args[0], depth + 1)
+        if qualname == "torch.compile" and call.args:
+            return self.kind_of(call.args[0], depth + 1)
+        if qualname.startswith(("torchvision.models.", "timm.create_model")) or (
+            method == "from_pretrained" and "Model" in (self.key(self.receiver(call)) or "")
+        ):
+            return ObjectKind("model", short, call)
+        if isinstance(call.func, ast.Name) and self.module_class(call.func.id):
+            return ObjectKind("model", call.func.id, call)
+        if method in ("to", "cuda", "cpu", "float", "half", "double", "train", "eval"):
+            return self.kind_of(self.receiver(call), depth + 1)
+        return None
+
+    def is_kind(self, expr: ast.AST | None, kind: str) -> bool:
+        found = self.kind_of(expr)
+        return found is not None and found.kind == kind
+
+    # ------------------------------------------------------------------ loss calls
+    @cached_property
+    def loss_calls(self) -> list[LossCall]:
+        """Every call that computes a loss whose kind we know, with its input and target."""
+        from torchls.analysis.losses import find_loss_calls
+
+        return find_loss_calls(self)
+
+    # ------------------------------------------------------------------ provenance
+    def origins(self, expr: ast.AST, depth: int = 0, via: tuple[ast.AST, ...] = ()) -> list[Origin]:
+        """Where the value of `expr` is computed, following local assignments, `self`
+        attributes, calls of in-file modules (their `forward` returns; an `nn.Sequential`'s last
+        layer) and shape/device-only methods. Unknown ends (parameters, loop targets) are
+        returned as themselves; callers decide what an unknown origin means."""
+        if depth > MAX_DEPTH:
+            return [Origin(expr, via)]
+        if isinstance(expr, ast.Name):
+            assignment = self.reaching_assignment(expr)
+            if assignment is None or assignment.value is None or assignment.loop is not None:
+                return [Origin(expr, via)]
+            value = assignment.value
+            if assignment.index is not None:
+                return self._indexed_origins(value, assignment.index, depth, (*via, expr))
+            return self.origins(value, depth + 1, (*via, expr))
+        if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name):
+            values = self.self_attribute_values(expr)
+            if len(values) == 1:
+                return self.origins(values[0], depth + 1, (*via, expr))
+            return [Origin(expr, via)]
+        if isinstance(expr, ast.Call):
+            method = self.method_name(expr)
+            receiver = self.receiver(expr)
+            if method in PASS_THROUGH_METHODS and receiver is not None:
+                return self.origins(receiver, depth + 1, (*via, expr))
+            module_origins = self._module_call_origins(expr, depth, via)
+            if module_origins is not None:
+                return module_origins
+        return [Origin(expr, via)]
+
+    def _indexed_origins(
+        self, value: ast.expr, index: int, depth: int, via: tuple[ast.AST, ...]
+    ) -> list[Origin]:
+        if isinstance(value, ast.Call):
+            returns = self._forward_returns_of_call(value, depth)
+            if returns is not None:
+                out = []
+                for returned in returns:
+                    if isinstance(returned, ast.Tuple) and index < len(returned.elts):
+                        out.extend(self.origins(returned.elts[index], depth + 1, (*via, value)))
+                    else:
+                        out.append(Origin(value, via))
+                return out
+        return [Origin(value, via)]
+
+    def _module_call_origins(
+        self, call: ast.Call, depth: int, via: tuple[ast.AST, ...]
+    ) -> list[Origin] | None:
+        """Origins of `module(x)`: the module's forward returns, or its last layer."""
+        constructor = self._module_constructor(call.func, depth)
+        if constructor is not None:
+            return self._constructor_output(constructor, depth, (*via, call))
+        returns = self._forward_returns_of_call(call, depth)
+        if returns is None:
+            return None
+        out: list[Origin] = []
+        for returned in returns:
+            out.extend(self.origins(returned, depth + 1, (*via, call)))
+        return out
+
+    def _module_constructor(self, func: ast.expr, depth: int) -> ast.Call | None:
+        """The `nn.X(...)` call that built the module object `func` refers to, if in this file."""
+        value = self.binding_value(func) if isinstance(func, (ast.Name, ast.Attribute)) else None
+        steps = 0
+        while isinstance(value, ast.Call) and steps < MAX_DEPTH:
+            qualname = self.call_qualname(value) or ""
+            if qualname.startswith("torch.nn.") and self.short_name(value)[:1].isupper():
+                return value
+            if self.method_name(value) in ("to", "cuda", "cpu") and self.receiver(value):
+                value = self.binding_value(self.receiver(value)) or (
+                    self.receiver(value) if isinstance(self.receiver(value), ast.Call) else None
+                )
+                steps += 1
+                continue
+            return None
+        return None
+
+    def _constructor_output(
+        self, constructor: ast.Call, depth: int, via: tuple[ast.AST, ...]
+    ) -> list[Origin]:
+        short = self.short_name(constructor)
+        if short == "Sequential" and constructor.args:
+            last = constructor.args[-1]
+            if isinstance(last, ast.Call):
+                inner = (self.call_qualname(last) or "").startswith("torch.nn.")
+                if inner:
+                    return self._constructor_output(last, depth + 1, (*via, constructor))
+                if isinstance(last.func, ast.Name) and self.module_class(last.func.id):
+                    returns = self._forward_returns(self.classes[last.func.id], depth)
+                    if returns is not None:
+                        return [o for r in returns for o in self.origins(r, depth + 1, via)]
+        return [Origin(constructor, via, module_output=True)]
+
+    def _forward_returns_of_call(self, call: ast.Call, depth: int) -> list[ast.expr] | None:
+        """Return expressions of `forward` when `call` calls an instance of an in-file module."""
+        func = call.func
+        info: ClassInfo | None = None
+        if isinstance(func, ast.Name) and func.id == "self":
+            klass = self.enclosing_class(call)
+            info = self.module_class(klass.name) if klass else None
+        elif isinstance(func, (ast.Name, ast.Attribute)):
+            value = self.binding_value(func)
+            steps = 0
+            while isinstance(value, ast.Call) and steps < MAX_DEPTH:
+                if isinstance(value.func, ast.Name) and self.module_class(value.func.id):
+                    info = self.classes[value.func.id]
+                    break
+                receiver = self.receiver(value)
+                if self.method_name(value) in ("to", "cuda", "cpu", "float", "train", "eval"):
+                    value = self.binding_value(receiver) if receiver is not None else None
+                    if value is None and isinstance(receiver, ast.Call):
+                        value = receiver
+                    steps += 1
+                    continue
+                break
+        if info is None:
+            return None
+        return self._forward_returns(info, depth)
+
+    def _forward_returns(self, info: ClassInfo, depth: int) -> list[ast.expr] | None:
+        forward = info.methods.get("forward")
+        if forward is None:
+            for base in info.bases:
+                if base in self.classes:
+                    return self._forward_returns(self.classes[base], depth + 1)
+            return None
+        returns = [
+            node.value
+            for node in self.walk_local(forward)
+            if isinstance(node, ast.Return) and node.value is not None
+        ]
+        return returns or None
+
+    # ------------------------------------------------------------------ gradient regions
+    def grad_disabling_with(self, with_node: ast.With | ast.AsyncWith) -> bool:
+        for item in with_node.items:
+            context = item.context_expr
+            if isinstance(context, ast.Call):
+                qualname = self.call_qualname(context) or ""
+                if qualname in GRAD_DISABLING:
+                    return True
+                if qualname in ("torch.set_grad_enabled", "torch.autograd.set_grad_enabled"):
+                    if context.args and isinstance(context.args[0], ast.Constant):
+                        return context.args[0].value is False
+            elif (self.qualname(context) or "") in GRAD_DISABLING:
+                return True
+        return False
+
+    def grad_disabling_decorator(self, function: FunctionNode) -> bool:
+        for decorator in function.decorator_list:
+            target = decorator.func if isinstance(decorator, ast.Call) else decorator
+            if (self.qualname(target) or "") in GRAD_DISABLING:
+                return True
+        return False
+
+    def in_no_grad(self, node: ast.AST, depth: int = 0) -> bool:
+        """True when `node` always runs with gradients disabled: inside a no_grad/inference_mode
+        block or decorated function, or in a function whose every in-file call site is."""
+        current = self.parents.get(node)
+        while current is not None:
+            if isinstance(current, (ast.With, ast.AsyncWith)) and self.grad_disabling_with(current):
+                return True
+            if isinstance(current, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if self.grad_disabling_decorator(current):
+                    return True
+                sites = self.call_sites(current)
+                if sites and depth < 3:
+                    return all(self.in_no_grad(site, depth + 1) for site in sites)
+                return False
+            if isinstance(current, ast.Lambda):
+                return False
+            current = self.parents.get(current)
+        return False
+
+    # ------------------------------------------------------------------ functions and calls
+    def called_function(self, call: ast.Call) -> FunctionNode | None:
+        """The in-file function or method a call runs (`helper(...)`, `self.step(...)`)."""
+        func = call.func
+        if isinstance(func, ast.Name):
+            found = self.functions.get(func.id)
+            if found is not None:
+                return found
+            # A nested function (an LBFGS closure, say) defined in the same scope.
+            assignment_scope = self.scope(call)
+            for node in self.walk_local(assignment_scope):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == func.id:
+                    return node
+            return None
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+            if func.value.id == "self":
+                klass = self.enclosing_class(call)
+                info = self.classes.get(klass.name) if klass else None
+                if info is not None:
+                    return info.methods.get(func.attr)
+        return None
+
+    @cached_property
+    def _call_sites(self) -> dict[ast.AST, list[ast.Call]]:
+        sites: dict[ast.AST, list[ast.Call]] = {}
+        for call in self.calls:
+            function = self.called_function(call)
+            if function is not None:
+                sites.setdefault(function, []).append(call)
+        return sites
+
+    def call_sites(self, function: FunctionNode) -> list[ast.Call]:
+        return self._call_sites.get(function, [])
+
+    def function_reaches(self, function: FunctionNode, predicate, depth: int = 0) -> bool:
+        """True if `predicate(call)` holds for a call in `function` or in what it calls."""
+        return any(self.reaches(call, predicate, depth) for call in self.calls_in(function))
+
+    def reaches(self, call: ast.Call, predicate, depth: int = 0) -> bool:
+        """`predicate(call)`, or true for a call inside the in-file function `call` runs."""
+        if predicate(call):
+            return True
+        if depth >= 3:
+            return False
+        function = self.called_function(call)
+        if function is None:
+            # A function passed as an argument (LBFGS `optimizer.step(closure)`) runs too.
+            for argument in call.args:
+                if isinstance(argument, ast.Name):
+                    passed = self.called_function(ast.Call(func=argument, args=[], keywords=[]))
+                    if passed is not None and self.function_reaches(passed, predicate, depth + 1):
+                        return True
+            return False
+        return self.function_reaches(function, predicate, depth + 1)
+
+    def node_reaches(self, node: ast.AST, predicate) -> bool:
+        """True if a call under `node` (or a function it calls) satisfies `predicate`."""
+        return any(self.reaches(call, predicate) for call in self.calls_in(node))
+
+    # ------------------------------------------------------------------ training vocabulary
+    def is_backward(self, call: ast.Call) -> bool:
+        method = self.method_name(call)
+        if method == "backward":
+            return True
+        return (self.call_qualname(call) or "") in ("torch.autograd.backward",)
+
+    def optimizer_of_step(self, call: ast.Call) -> ast.expr | None:
+        """For `opt.step()` or `scaler.step(opt)`, the optimizer expression; else None."""
+        if self.method_name(call) != "step":
+            return None
+        receiver = self.receiver(call)
+        kind = self.kind_of(receiver)
+        if kind is not None and kind.kind == "optimizer":
+            return receiver
+        if kind is not None and kind.kind == "scaler" and call.args:
+            return call.args[0]
+        return None
+
+    @staticmethod
+    def is_zero_grad(call: ast.Call) -> bool:
+        return isinstance(call.func, ast.Attribute) and call.func.attr == "zero_grad"
+
+    def clears_gradients(self, node: ast.AST) -> bool:
+        """`x.grad = None`, `x.grad.zero_()`, `x.grad.data.zero_()` and friends."""
+        if isinstance(node, ast.Assign):
+            return any(
+                isinstance(target, ast.Attribute) and target.attr == "grad"
+                for target in node.targets
+            )
+        if isinstance(node, ast.Call) and self.method_name(node) in ("zero_", "detach_", "fill_"):
+            chain = self.key(self.receiver(node)) or ""
+            return ".grad" in chain or chain.endswith("grad")
+        return False
+
+    def is_batch_loop(self, loop: ast.AST) -> bool:
+        return loop in self.batch_loops
+
+    @cached_property
+    def batch_loops(self) -> dict[ast.AST, str]:
+        """Loops over a data loader → their role: "train", "eval" or "" (unknown)."""
+        found: dict[ast.AST, str] = {}
+        for loop in self.loops:
+            if not isinstance(loop, (ast.For, ast.AsyncFor)):
+                continue
+            iterable = _unwrap_iterable(loop.iter)
+            kind = self.kind_of(iterable) if iterable is not None else None
+            name = self.key(iterable) or ""
+            if (kind is not None and kind.kind == "loader") or LOADER_NAME_RE.search(name):
+                found[loop] = loader_role(name)
+        return found
+
+    @cached_property
+    def training_loops(self) -> list[ast.AST]:
+        """Loops whose body (directly or through helpers) calls `backward()`; innermost ones
+        only, so an epoch loop around a batch loop is not itself a training loop."""
+        result = []
+        for loop in self.loops:
+            if not self.node_reaches(loop, self.is_backward):
+                continue
+            inner = [
+                other
+                for other in self.loops
+                if other is not loop
+                and self.is_inside(other, loop)
+                and self.node_reaches(other, self.is_backward)
+            ]
+            if not inner:
+                result.append(loop)
+        return result
+
+
+def _unwrap_iterable(expr: ast.expr) -> ast.expr | None:
+    """`enumerate(loader)`, `tqdm(loader, ...)`, `zip(loader, ...)` → `loader`."""
+    steps = 0
+    while isinstance(expr, ast.Call) and expr.args and steps < 4:
+        func = expr.func
+        name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+        if name in ("enumerate", "tqdm", "zip", "iter", "track", "progress_bar", "islice"):
+            expr = expr.args[0]
+            steps += 1
+        else:
+            return None
+    return expr
+
+
+def loader_role(name: str) -> str:
+    lowered = name.lower().split(".")[-1]
+    if EVAL_ROLE_RE.search(lowered):
+        return "eval"
+    if "train" in lowered:
+        return "train"
+    return ""
+
+
+@dataclass(frozen=True)
+class LossCall:
+    """A call computing a loss: `loss` is e.g. "CrossEntropyLoss" (module or functional)."""
+
+    call: ast.Call
+    loss: str
+    input: ast.expr | None
+    target: ast.expr | None
+    constructor: ast.Call | None = None
+
+
+def build_facts(parsed: ParsedSource, filename: str) -> Facts:
+    return Facts(parsed, filename)

@@ -1,0 +1,63 @@
+"""The value types the analysis hands out: findings, fixes and text edits.
+
+Positions are 1-based rows and 0-based columns counted in Unicode code points, the unit a Python
+`str` indexes by. Output layers convert: JSON adds 1 to columns, the LSP layer converts to UTF-16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Severity = Literal["error", "warning", "information"]
+Applicability = Literal["safe", "unsafe"]
+
+
+@dataclass(frozen=True, order=True)
+class Position:
+    row: int
+    column: int
+
+
+@dataclass(frozen=True)
+class Span:
+    start: Position
+    end: Position
+
+    @classmethod
+    def of(cls, row: int, column: int, end_row: int, end_column: int) -> Span:
+        return cls(Position(row, column), Position(end_row, end_column))
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Replace the text between `span.start` and `span.end` with `content`."""
+
+    span: Span
+    content: str
+
+
+@dataclass(frozen=True)
+class Fix:
+    applicability: Applicability
+    message: str
+    edits: tuple[Edit, ...]
+
+
+@dataclass(frozen=True)
+class Related:
+    """A second location that explains a finding (where the softmax was applied, say)."""
+
+    span: Span
+    message: str
+    filename: str | None = None
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str
+    message: str
+    severity: Severity
+    span: Span
+    fix: Fix | None = None
+    related: tuple[Related, ...] = field(default=())

@@ -1,0 +1,136 @@
+"""Loss calls and their contracts.
+
+In: `Facts`. Out: every call that computes a loss of a known kind (module instance or
+functional), with its input and target expressions, plus the documented contract of each kind
+(used by the rules and by the editor hover).
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from torchls.analysis.facts import LossCall
+
+if TYPE_CHECKING:
+    from torchls.analysis.facts import Facts
+
+FUNCTIONAL_LOSSES = {
+    "cross_entropy": "CrossEntropyLoss",
+    "nll_loss": "NLLLoss",
+    "binary_cross_entropy": "BCELoss",
+    "binary_cross_entropy_with_logits": "BCEWithLogitsLoss",
+    "mse_loss": "MSELoss",
+    "l1_loss": "L1Loss",
+    "smooth_l1_loss": "SmoothL1Loss",
+    "huber_loss": "HuberLoss",
+    "kl_div": "KLDivLoss",
+}
+
+
+@dataclass(frozen=True)
+class Contract:
+    input: str
+    target: str
+    note: str
+
+
+CONTRACTS: dict[str, Contract] = {
+    "CrossEntropyLoss": Contract(
+        "`[N, C]` (or `[N, C, d1, ...]`) float **raw logits**, not softmax output",
+        "`[N]` int64 class indices in `[0, C)`, or `[N, C]` float class probabilities",
+        "applies `log_softmax` itself; `ignore_index` and `label_smoothing` work on indices",
+    ),
+    "NLLLoss": Contract(
+        "`[N, C]` float **log-probabilities** (output of `log_softmax`)",
+        "`[N]` int64 class indices in `[0, C)`",
+        "does not normalise its input; pair it with `log_softmax`, or use cross-entropy",
+    ),
+    "BCEWithLogitsLoss": Contract(
+        "float **raw logits** of any shape",
+        "float targets of the same shape, values in `[0, 1]`",
+        "applies the sigmoid itself, in a numerically stable way",
+    ),
+    "BCELoss": Contract(
+        "float **probabilities** in `[0, 1]` of any shape",
+        "float targets of the same shape, values in `[0, 1]`",
+        "unstable after a sigmoid; prefer `BCEWithLogitsLoss` on the logits",
+    ),
+    "MSELoss": Contract(
+        "float tensor of any shape",
+        "float tensor of the **same shape** (`[N, 1]` against `[N]` broadcasts to `[N, N]`)",
+        "reduction `mean` averages over every element",
+    ),
+    "L1Loss": Contract(
+        "float tensor of any shape",
+        "float tensor of the **same shape**",
+        "broadcasting mismatched shapes gives a wrong loss silently",
+    ),
+    "SmoothL1Loss": Contract(
+        "float tensor of any shape",
+        "float tensor of the **same shape**",
+        "broadcasting mismatched shapes gives a wrong loss silently",
+    ),
+    "HuberLoss": Contract(
+        "float tensor of any shape",
+        "float tensor of the **same shape**",
+        "broadcasting mismatched shapes gives a wrong loss silently",
+    ),
+    "KLDivLoss": Contract(
+        "float **log-probabilities**",
+        "float probabilities (or log-probabilities with `log_target=True`)",
+        "use `reduction='batchmean'` for the mathematical KL divergence",
+    ),
+}
+
+
+def _argument(call: ast.Call, position: int, keyword: str) -> ast.expr | None:
+    for kw in call.keywords:
+        if kw.arg == keyword:
+            return kw.value
+    if len(call.args) > position and not isinstance(call.args[position], ast.Starred):
+        return call.args[position]
+    return None
+
+
+def loss_kind_of_call(facts: Facts, call: ast.Call) -> tuple[str, ast.Call | None] | None:
+    """("CrossEntropyLoss", constructor-or-None) when `call` computes a loss of known kind."""
+    qualname = facts.call_qualname(call) or ""
+    if qualname.startswith("torch.nn.functional."):
+        name = FUNCTIONAL_LOSSES.get(qualname.rsplit(".", 1)[-1])
+        return (name, None) if name else None
+    if qualname in ("torch.binary_cross_entropy_with_logits",):
+        return ("BCEWithLogitsLoss", None)
+    if isinstance(call.func, ast.Call):
+        kind = facts.kind_of(call.func)
+    elif isinstance(call.func, (ast.Name, ast.Attribute)) and facts.method_name(call) not in (
+        "forward",
+    ):
+        kind = facts.kind_of(call.func)
+    else:
+        kind = None
+    if kind is not None and kind.kind == "loss" and kind.detail in CONTRACTS:
+        return kind.detail, kind.node if isinstance(kind.node, ast.Call) else None
+    return None
+
+
+def find_loss_calls(facts: Facts) -> list[LossCall]:
+    found = []
+    for call in facts.calls:
+        if not call.args and not call.keywords:
+            continue
+        kind = loss_kind_of_call(facts, call)
+        if kind is None:
+            continue
+        name, constructor = kind
+        found.append(
+            LossCall(
+                call,
+                name,
+                _argument(call, 0, "input"),
+                _argument(call, 1, "target"),
+                constructor,
+            )
+        )
+    return found

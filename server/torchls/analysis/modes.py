@@ -1,0 +1,235 @@
+"""Train/eval mode of every model at every call: a small abstract interpretation.
+
+In: `Facts`. Out: for each call of a model-like receiver (`model(x)`, `self.net(x)`), the set
+of modes the receiver may be in there. A mode fact remembers which `.train()`/`.eval()` call set
+it and whether it reached this point around a loop's back edge (set late in one iteration, seen
+early in the next) — that is exactly the "eval inside the epoch loop, train only before it" bug.
+
+Functions are analysed with their entry state taken from their in-file call sites (arguments
+mapped to parameters), and a call to an in-file helper applies that helper's effect on the modes.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torchls.analysis.facts import Facts, FunctionNode
+
+
+@dataclass(frozen=True)
+class ModeFact:
+    mode: str  # "train", "eval" or "unknown"
+    setter: ast.AST | None  # the call that set it (None for unknown)
+    back_edge: bool = False
+
+
+State = dict[str, frozenset[ModeFact]]
+UNKNOWN = frozenset({ModeFact("unknown", None)})
+
+
+def _union(first: State, second: State) -> State:
+    merged = dict(first)
+    for key, facts in second.items():
+        merged[key] = merged.get(key, UNKNOWN) | facts if key in merged else facts | UNKNOWN
+    for key in first:
+        if key not in second:
+            merged[key] = first[key] | UNKNOWN
+    return merged
+
+
+def _mark_back_edge(state: State) -> State:
+    return {
+        key: frozenset(ModeFact(f.mode, f.setter, True) for f in facts)
+        for key, facts in state.items()
+    }
+
+
+@dataclass
+class ModeAnalysis:
+    facts: Facts
+    # model-call node -> modes its receiver may be in; `None` key order is irrelevant.
+    at_call: dict[ast.Call, frozenset[ModeFact]] = field(default_factory=dict)
+    entry: dict[ast.AST, State] = field(default_factory=dict)
+    _effects: dict[ast.AST, State] = field(default_factory=dict)
+    _effect_stack: set[ast.AST] = field(default_factory=set)
+    _pending_entries: dict[ast.AST, State] = field(default_factory=dict)
+
+    def run(self) -> None:
+        facts = self.facts
+        functions = [
+            node
+            for node in ast.walk(facts.tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        ]
+        # Two rounds: the first collects call-site states, the second uses them as entries.
+        for _ in range(2):
+            self.at_call.clear()
+            entries: dict[ast.AST, State] = {}
+            self._pending_entries = entries
+            self._interpret(facts.tree.body, {})
+            for function in functions:
+                self._interpret(function.body, self.entry.get(function, {}))
+            self.entry = entries
+
+    # ------------------------------------------------------------------ statements
+    def _interpret(self, body: list[ast.stmt], state: State) -> State:
+        for stmt in body:
+            state = self._statement(stmt, state)
+        return state
+
+    def _statement(self, stmt: ast.stmt, state: State) -> State:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return state
+        if isinstance(stmt, ast.If):
+            state = self._expression(stmt.test, state)
+            return _union(self._interpret(stmt.body, state), self._interpret(stmt.orelse, state))
+        if isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)):
+            header = stmt.iter if isinstance(stmt, (ast.For, ast.AsyncFor)) else stmt.test
+            state = self._expression(header, state)
+            after_first = self._interpret(stmt.body, state)
+            second_entry = _union(state, _mark_back_edge(after_first))
+            after_second = self._interpret(stmt.body, second_entry)
+            exit_state = _union(state, after_second)
+            return self._interpret(stmt.orelse, exit_state) if stmt.orelse else exit_state
+        if isinstance(stmt, (ast.With, ast.AsyncWith)):
+            for item in stmt.items:
+                state = self._expression(item.context_expr, state)
+            return self._interpret(stmt.body, state)
+        if isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar":
+            after_body = self._interpret(stmt.body, state)
+            merged = _union(state, after_body)
+            outs = [self._interpret(stmt.orelse, after_body)] if stmt.orelse else [after_body]
+            outs += [self._interpret(handler.body, merged) for handler in stmt.handlers]
+            result = outs[0]
+            for other in outs[1:]:
+                result = _union(result, other)
+            return self._interpret(stmt.finalbody, result) if stmt.finalbody else result
+        if isinstance(stmt, ast.Match):
+            state = self._expression(stmt.subject, state)
+            results = [self._interpret(case.body, state) for case in stmt.cases]
+            result = state
+            for other in results:
+                result = _union(result, other)
+            return result
+        state = self._expression(stmt, state)
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+            key = self.facts.key(stmt.targets[0])
+            kind = self.facts.kind_of(stmt.value) if isinstance(stmt.value, ast.Call) else None
+            if key is not None and kind is not None and kind.kind == "model" and kind.node:
+                # A freshly built module is in training mode.
+                state = {**state, key: frozenset({ModeFact("train", stmt.value)})}
+        return state
+
+    # ------------------------------------------------------------------ expressions
+    def _expression(self, node: ast.AST, state: State) -> State:
+        for call in self.facts.calls_in(node) if not isinstance(node, ast.Call) else [node]:
+            state = self._call(call, state)
+        return state
+
+    def _call(self, call: ast.Call, state: State) -> State:
+        facts = self.facts
+        method = facts.method_name(call)
+        receiver_key = facts.key(facts.receiver(call))
+        if method in ("train", "eval") and receiver_key is not None and not call.keywords:
+            mode = "train"
+            if method == "eval" and not call.args:
+                mode = "eval"
+            elif method == "eval":
+                return state
+            elif call.args:
+                flag = call.args[0]
+                if not isinstance(flag, ast.Constant) or not isinstance(flag.value, bool):
+                    return {**state, receiver_key: UNKNOWN}
+                mode = "train" if flag.value else "eval"
+            return {**state, receiver_key: frozenset({ModeFact(mode, call)})}
+        called_key = facts.key(call.func)
+        if called_key is not None and called_key in state or self._is_model_call(call):
+            key = called_key or ""
+            self.at_call[call] = self.at_call.get(call, frozenset()) | state.get(key, UNKNOWN)
+        function = facts.called_function(call)
+        if function is not None:
+            state = self._apply_helper(call, function, state)
+        return state
+
+    def _is_model_call(self, call: ast.Call) -> bool:
+        if not isinstance(call.func, (ast.Name, ast.Attribute)):
+            return False
+        kind = self.facts.kind_of(call.func)
+        return kind is not None and kind.kind == "model"
+
+    # ------------------------------------------------------------------ helpers
+    def _parameter_map(self, call: ast.Call, function: FunctionNode) -> dict[str, str]:
+        """Caller key → callee parameter name, for arguments that are simple receivers."""
+        params = [a.arg for a in [*function.args.posonlyargs, *function.args.args]]
+        if params and params[0] == "self" and isinstance(call.func, ast.Attribute):
+            params = params[1:]
+        mapping: dict[str, str] = {}
+        for position, argument in enumerate(call.args):
+            key = self.facts.key(argument)
+            if key is not None and position < len(params):
+                mapping[key] = params[position]
+        for keyword in call.keywords:
+            key = self.facts.key(keyword.value)
+            if key is not None and keyword.arg:
+                mapping[key] = keyword.arg
+        return mapping
+
+    def _apply_helper(self, call: ast.Call, function: FunctionNode, state: State) -> State:
+        mapping = self._parameter_map(call, function)
+        entry = {param: state[key] for key, param in mapping.items() if key in state}
+        for key, facts_ in state.items():
+            if key.startswith("self.") or "." not in key and key not in mapping:
+                entry.setdefault(key, facts_)
+        pending = self._pending_entries.setdefault(function, {})
+        self._pending_entries[function] = _union(pending, entry) if pending else entry
+        effect = self._effect(function)
+        if not effect:
+            return state
+        reverse = {param: key for key, param in mapping.items()}
+        updated = dict(state)
+        for callee_key, facts_ in effect.items():
+            caller_key = reverse.get(callee_key, callee_key)
+            # Attribute the change to the call site, so findings point at the helper call.
+            changed = frozenset(
+                ModeFact(f.mode, call if f.setter is not None else None, False)
+                for f in facts_
+                if f.mode != "unchanged"
+            )
+            if any(f.mode == "unchanged" for f in facts_):
+                changed |= state.get(caller_key, UNKNOWN)
+            updated[caller_key] = changed
+        return updated
+
+    def _effect(self, function: FunctionNode) -> State:
+        """Modes a helper leaves behind, for the keys it changes."""
+        if function in self._effects:
+            return self._effects[function]
+        if function in self._effect_stack or len(self._effect_stack) > 4:
+            return {}
+        self._effect_stack.add(function)
+        saved_calls = dict(self.at_call)
+        saved_pending = self._pending_entries
+        self._pending_entries = {}
+        sentinel = frozenset({ModeFact("unchanged", None)})
+        keys = {
+            self.facts.key(self.facts.receiver(call))
+            for call in self.facts.calls_in(function)
+            if self.facts.method_name(call) in ("train", "eval")
+        }
+        start: State = {key: sentinel for key in keys if key}
+        end = self._interpret(function.body, dict(start))
+        self.at_call = saved_calls
+        self._pending_entries = saved_pending
+        self._effect_stack.discard(function)
+        effect = {key: facts_ for key, facts_ in end.items() if facts_ != sentinel}
+        self._effects[function] = effect
+        return effect
+
+
+def analyse_modes(facts: Facts) -> ModeAnalysis:
+    analysis = ModeAnalysis(facts)
+    analysis.run()
+    return analysis

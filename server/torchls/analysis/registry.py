@@ -1,0 +1,79 @@
+"""The rule registry: each rule is one function plus its metadata, registered by `@rule`.
+
+A rule function receives the file's `Facts` and yields `Hit`s; the registry turns hits into
+`Finding`s with the rule's code and severity. The function's docstring is the rule's full
+documentation (what it catches, why, an example, the fix), printed by `torchls rule CODE`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from torchls.analysis.findings import Fix, Related, Severity, Span
+
+if TYPE_CHECKING:
+    import ast
+
+    from torchls.analysis.facts import Facts
+
+FixAvailability = Literal["safe", "unsafe", "none"]
+
+SEVERITY_LETTERS: dict[str, Severity] = {"E": "error", "W": "warning", "I": "information"}
+
+
+@dataclass(frozen=True)
+class Hit:
+    """What a rule reports: where (a node or a span), what, and optionally how to fix it."""
+
+    where: ast.AST | Span
+    message: str
+    fix: Fix | None = None
+    related: tuple[Related, ...] = field(default=())
+    end: ast.AST | None = None
+
+
+CheckFunction = Callable[["Facts"], Iterable[Hit]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    code: str
+    name: str
+    severity: Severity
+    summary: str
+    fix: FixAvailability
+    doc: str
+    check: CheckFunction
+
+
+RULES: dict[str, Rule] = {}
+
+
+def rule(
+    code: str, name: str, severity: str, summary: str, fix: FixAvailability = "none"
+) -> Callable[[CheckFunction], CheckFunction]:
+    """Register a check function under `code`; `severity` is "E", "W" or "I"."""
+
+    def register(check: CheckFunction) -> CheckFunction:
+        if code in RULES:
+            raise ValueError(f"rule {code} registered twice")
+        doc = inspect.cleandoc(check.__doc__ or "")
+        RULES[code] = Rule(code, name, SEVERITY_LETTERS[severity], summary, fix, doc, check)
+        return check
+
+    return register
+
+
+def all_rules() -> list[Rule]:
+    """Every registered rule, ordered by code."""
+    import torchls.analysis.rules  # noqa: F401  (importing registers the rules)
+
+    return [RULES[code] for code in sorted(RULES)]
+
+
+def get_rule(code: str) -> Rule | None:
+    all_rules()
+    return RULES.get(code.upper())

@@ -1,0 +1,259 @@
+"""TL3xx: checkpoints that cannot be loaded, resumed or trusted."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from torchls.analysis.facts import Facts
+from torchls.analysis.findings import Fix
+from torchls.analysis.registry import Hit, rule
+from torchls.analysis.rules._edits import insert_at, replace_node
+
+SAVE = ("torch.save",)
+LOAD = ("torch.load",)
+
+
+def _keyword(call: ast.Call, name: str) -> ast.keyword | None:
+    return next((k for k in call.keywords if k.arg == name), None)
+
+
+def _has_star_kwargs(call: ast.Call) -> bool:
+    return any(k.arg is None for k in call.keywords) or any(
+        isinstance(a, ast.Starred) for a in call.args
+    )
+
+
+def _dict_values(facts: Facts, expr: ast.expr) -> list[ast.expr]:
+    """Values stored in the checkpoint dict: a dict literal / `dict(...)`, directly or through a
+    local name, plus later `ckpt["key"] = value` assignments to that name."""
+    values: list[ast.expr] = []
+    literal = facts.binding_value(expr) if isinstance(expr, ast.Name) else expr
+    if isinstance(literal, ast.Dict):
+        values.extend(v for v in literal.values if v is not None)
+    elif isinstance(literal, ast.Call) and isinstance(literal.func, ast.Name):
+        if literal.func.id == "dict":
+            values.extend(k.value for k in literal.keywords)
+    if isinstance(expr, ast.Name):
+        scope = facts.scope(expr)
+        for node in facts.walk_local(scope):
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Subscript)
+                and isinstance(node.targets[0].value, ast.Name)
+                and node.targets[0].value.id == expr.id
+                and node.lineno < expr.lineno
+            ):
+                values.append(node.value)
+    return values
+
+
+def _config_object(facts: Facts, value: ast.expr) -> tuple[str, str] | None:
+    """(kind, class name) when `value` is an argparse Namespace, a dataclass instance or an
+    instance of another in-file class that is not a module."""
+    origins = facts.origins(value) if isinstance(value, (ast.Name, ast.Attribute)) else []
+    if len(origins) != 1:
+        return None
+    node = origins[0].node
+    if not isinstance(node, ast.Call):
+        return None
+    method = facts.method_name(node)
+    if method == "parse_args":
+        return "namespace", "Namespace"
+    if facts.call_qualname(node) in ("argparse.Namespace",):
+        return "namespace", "Namespace"
+    if isinstance(node.func, ast.Name) and node.func.id in facts.classes:
+        info = facts.classes[node.func.id]
+        if facts.module_class(node.func.id):
+            return None
+        if any(base.endswith(("Enum", "NamedTuple", "TypedDict", "dict")) for base in info.bases):
+            return None
+        return ("dataclass" if info.is_dataclass else "object"), node.func.id
+    return None
+
+
+def _allow_listed(facts: Facts, class_name: str) -> bool:
+    for call in facts.calls:
+        qualname = facts.call_qualname(call) or ""
+        if qualname.endswith(("add_safe_globals", "safe_globals")) and call.args:
+            listed = call.args[0]
+            elements = listed.elts if isinstance(listed, (ast.List, ast.Tuple, ast.Set)) else []
+            for element in elements:
+                if facts.source.segment(element).split(".")[-1] == class_name:
+                    return True
+    return False
+
+
+def _loads_unsafely(facts: Facts) -> bool:
+    for call in facts.calls:
+        if facts.is_torch_api(call, *LOAD):
+            keyword = _keyword(call, "weights_only")
+            if keyword is not None and isinstance(keyword.value, ast.Constant):
+                if keyword.value.value is False:
+                    return True
+    return False
+
+
+def _asdict_spelling(facts: Facts) -> tuple[str, list]:
+    """How to call `dataclasses.asdict` here, and the import edit needed, if any."""
+    for alias, target in facts.imports.items():
+        if target == "dataclasses.asdict":
+            return alias, []
+        if target == "dataclasses":
+            return f"{alias}.asdict", []
+    last_import = max(
+        (n for n in facts.tree.body if isinstance(n, (ast.Import, ast.ImportFrom))),
+        key=lambda n: n.end_lineno or n.lineno,
+        default=None,
+    )
+    row = (last_import.end_lineno or last_import.lineno) + 1 if last_import else 1
+    return "dataclasses.asdict", [insert_at(row, 0, "import dataclasses\n")]
+
+
+@rule(
+    "TL301",
+    "checkpoint-config-not-plain-data",
+    "E",
+    "Checkpoint stores a config object that weights_only loading rejects",
+    fix="safe",
+)
+def checkpoint_config_not_plain_data(facts: Facts) -> Iterator[Hit]:
+    """
+    ## What it catches
+    `torch.save` of a dict that holds an `argparse.Namespace`, a dataclass instance or another
+    custom object (typically the run's config) next to the weights.
+
+    ## Why it is wrong
+    Since PyTorch 2.6, `torch.load` defaults to `weights_only=True`, which only unpickles
+    tensors and plain containers. A checkpoint with a custom object fails to load with an
+    `UnpicklingError` — often months later, on another machine, when you need to resume.
+    Loaders that allow-list the class (`torch.serialization.add_safe_globals` /
+    `safe_globals`) are fine and are not reported.
+
+    ## Example
+    ```python
+    args = parser.parse_args()
+    torch.save({"model": model.state_dict(), "args": args}, path)   # TL301
+    ```
+
+    ## Fix
+    Store plain data: `vars(args)` for a Namespace, `dataclasses.asdict(cfg)` for a dataclass.
+    """
+    unsafe_loading = _loads_unsafely(facts)
+    for call in facts.calls:
+        if not facts.is_torch_api(call, *SAVE) or not call.args:
+            continue
+        for value in _dict_values(facts, call.args[0]):
+            found = _config_object(facts, value)
+            if found is None:
+                continue
+            kind, class_name = found
+            if _allow_listed(facts, class_name):
+                continue
+            text = facts.source.segment(value)
+            fix = None
+            applicability = "unsafe" if unsafe_loading else "safe"
+            if kind == "namespace":
+                fix = Fix(applicability, f"Store `vars({text})`", (  # type: ignore[arg-type]
+                    replace_node(facts, value, f"vars({text})"),
+                ))
+            elif kind == "dataclass":
+                asdict, import_edits = _asdict_spelling(facts)
+                fix = Fix(applicability, f"Store `{asdict}({text})`", (  # type: ignore[arg-type]
+                    *import_edits,
+                    replace_node(facts, value, f"{asdict}({text})"),
+                ))
+            yield Hit(
+                value,
+                f"checkpoint stores `{text}` ({class_name} object), which "
+                "`torch.load(weights_only=True)` (the default since PyTorch 2.6) refuses to load",
+                fix,
+            )
+
+
+@rule(
+    "TL302",
+    "load-without-map-location",
+    "W",
+    "torch.load without map_location",
+    fix="unsafe",
+)
+def load_without_map_location(facts: Facts) -> Iterator[Hit]:
+    """
+    ## What it catches
+    `torch.load(...)` without `map_location`.
+
+    ## Why it is wrong
+    Tensors are restored onto the device they were saved from. A checkpoint written on
+    `cuda:0` fails to load on a CPU-only machine ("Attempting to deserialize object on a CUDA
+    device") and, on a multi-GPU machine, every rank loads onto GPU 0 and may run out of memory.
+
+    ## Example
+    ```python
+    state = torch.load("last.pt")            # TL302
+    ```
+
+    ## Fix
+    `torch.load("last.pt", map_location="cpu")` (then move with `.to(device)`), or pass the
+    target device. Offered as an unsafe fix.
+    """
+    for call in facts.calls:
+        if not facts.is_torch_api(call, *LOAD) or _has_star_kwargs(call):
+            continue
+        if _keyword(call, "map_location") is not None or len(call.args) >= 2:
+            continue
+        if not call.args and not call.keywords:
+            continue
+        arguments = [*call.args, *call.keywords]
+        last = max(arguments, key=lambda n: (n.end_lineno or 0, n.end_col_offset or 0))
+        row = last.end_lineno or call.lineno
+        column = facts.source.column(row, last.end_col_offset or 0)
+        yield Hit(
+            call,
+            "`torch.load` without `map_location`: a checkpoint saved on GPU fails to load on a "
+            "CPU-only machine",
+            Fix("unsafe", 'Add `map_location="cpu"`', (
+                insert_at(row, column, ', map_location="cpu"'),
+            )),
+        )
+
+
+@rule(
+    "TL303",
+    "load-weights-only-false",
+    "W",
+    "torch.load(weights_only=False) can run arbitrary code",
+)
+def load_weights_only_false(facts: Facts) -> Iterator[Hit]:
+    """
+    ## What it catches
+    `torch.load(..., weights_only=False)`.
+
+    ## Why it is wrong
+    With `weights_only=False` the file is unpickled with the full pickle machinery: a
+    checkpoint downloaded from the internet (or tampered with) can execute any code on load.
+
+    ## Example
+    ```python
+    ckpt = torch.load(path, weights_only=False)    # TL303
+    ```
+
+    ## Fix
+    Save plain data (state dicts, numbers, strings, `vars(args)`) and load with the default
+    `weights_only=True`; allow-list the few classes you trust with
+    `torch.serialization.add_safe_globals([...])`. No automatic fix: the checkpoint's contents
+    decide what is needed.
+    """
+    for call in facts.calls:
+        if not facts.is_torch_api(call, *LOAD):
+            continue
+        keyword = _keyword(call, "weights_only")
+        if keyword is None or not isinstance(keyword.value, ast.Constant):
+            continue
+        if keyword.value.value is False:
+            yield Hit(
+                keyword,
+                "`torch.load(weights_only=False)` unpickles arbitrary objects: loading an "
+                "untrusted file can run code",
+            )

@@ -1,0 +1,416 @@
+"""TL1xx: loss and target contracts (what goes into cross-entropy, BCE and friends)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+
+from torchls.analysis.facts import Facts, LossCall, Origin
+from torchls.analysis.findings import Fix, Related
+from torchls.analysis.registry import Hit, rule
+from torchls.analysis.rules._edits import replace_node
+
+SOFTMAX_FUNCTIONS = {"torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax"}
+LOG_SOFTMAX_FUNCTIONS = {
+    "torch.log_softmax",
+    "torch.nn.functional.log_softmax",
+    "torch.special.log_softmax",
+}
+SIGMOID_FUNCTIONS = {"torch.sigmoid", "torch.nn.functional.sigmoid", "torch.special.expit"}
+ACTIVATION_OF_MODULE = {"Softmax": "softmax", "LogSoftmax": "log_softmax", "Sigmoid": "sigmoid"}
+
+
+def activation_of(facts: Facts, origin: Origin, depth: int = 0) -> str | None:
+    """"softmax", "log_softmax" or "sigmoid" when `origin` computes that activation."""
+    node = origin.node
+    if origin.module_output and isinstance(node, ast.Call):
+        return ACTIVATION_OF_MODULE.get(facts.short_name(node))
+    if not isinstance(node, ast.Call):
+        return None
+    qualname = facts.call_qualname(node)
+    method = facts.method_name(node)
+    if qualname in SOFTMAX_FUNCTIONS or (qualname is None and method == "softmax"):
+        return "softmax"
+    if qualname in LOG_SOFTMAX_FUNCTIONS or (qualname is None and method == "log_softmax"):
+        return "log_softmax"
+    if qualname in SIGMOID_FUNCTIONS or (qualname is None and method == "sigmoid"):
+        return "sigmoid"
+    exp_argument = None
+    if qualname == "torch.exp" and node.args:
+        exp_argument = node.args[0]
+    elif qualname is None and method == "exp":
+        exp_argument = facts.receiver(node)
+    if exp_argument is not None and depth < 3:
+        inner = facts.origins(exp_argument)
+        if inner and all(activation_of(facts, o, depth + 1) == "log_softmax" for o in inner):
+            return "softmax"
+    return None
+
+
+def activation_input(facts: Facts, call: ast.Call) -> ast.expr | None:
+    """The tensor an activation call is applied to: `z` in `F.softmax(z, 1)` / `z.softmax(1)`;
+    for `exp(log_softmax(z))` the `z`."""
+    qualname = facts.call_qualname(call)
+    if qualname is None and facts.method_name(call) in ("softmax", "log_softmax", "sigmoid"):
+        return facts.receiver(call)
+    if qualname is None and facts.method_name(call) == "exp":
+        inner = facts.receiver(call)
+        return activation_input(facts, inner) if isinstance(inner, ast.Call) else None
+    if qualname == "torch.exp" and call.args and isinstance(call.args[0], ast.Call):
+        return activation_input(facts, call.args[0])
+    for keyword in call.keywords:
+        if keyword.arg == "input":
+            return keyword.value
+    return call.args[0] if call.args else None
+
+
+def all_activated(facts: Facts, expr: ast.expr, accepted: set[str]) -> list[Origin] | None:
+    """The origins of `expr` when every one of them is an activation in `accepted`."""
+    origins = facts.origins(expr)
+    if not origins:
+        return None
+    if all(activation_of(facts, origin) in accepted for origin in origins):
+        return origins
+    return None
+
+
+def describe(facts: Facts, origin: Origin) -> str:
+    text = facts.source.segment(origin.node).splitlines()[0]
+    if len(text) > 40:
+        text = text[:37] + "..."
+    return f"`{text}` on line {origin.node.lineno}"
+
+
+def related_for(facts: Facts, origins: list[Origin], what: str) -> tuple[Related, ...]:
+    return tuple(
+        Related(facts.source.span(origin.node), f"{what} applied here") for origin in origins
+    )
+
+
+def _unchanged_between(facts: Facts, name: str, scope: ast.AST, start: int, end: int) -> bool:
+    return not any(
+        start < a.stmt.lineno <= end for a in facts.assignments_of(name, scope)  # type: ignore[arg-type]
+    )
+
+
+def pass_logits_fix(facts: Facts, argument: ast.expr, origins: list[Origin], what: str) -> Fix | None:
+    """Replace the activated argument with the tensor the activation was applied to, when the
+    activation is local: the argument itself, or a local variable assigned from it whose input
+    is a name not rebound since."""
+    if len(origins) != 1 or origins[0].module_output:
+        return None
+    activation = origins[0].node
+    if not isinstance(activation, ast.Call):
+        return None
+    logits = activation_input(facts, activation)
+    if logits is None:
+        return None
+    if activation is argument:
+        return Fix("safe", f"Pass the logits instead of the {what} output", (
+            replace_node(facts, argument, facts.source.segment(logits)),
+        ))
+    if not (isinstance(argument, ast.Name) and isinstance(logits, ast.Name)):
+        return None
+    assignment = facts.reaching_assignment(argument)
+    if assignment is None or assignment.value is not activation:
+        return None
+    scope = facts.scope(argument)
+    if facts.scope(activation) is not scope:
+        return None
+    if not _unchanged_between(facts, logits.id, scope, activation.lineno, argument.lineno):
+        return None
+    return Fix("safe", f"Pass `{logits.id}` (the logits) instead of the {what} output", (
+        replace_node(facts, argument, logits.id),
+    ))
+
+
+def _input_rule(
+    facts: Facts, losses: set[str], accepted: set[str], explain: str, what: str, fixable: bool
+) -> Iterator[tuple[LossCall, list[Origin], Fix | None]]:
+    for loss_call in facts.loss_calls:
+        if loss_call.loss not in losses or loss_call.input is None:
+            continue
+        origins = all_activated(facts, loss_call.input, accepted)
+        if origins is None:
+            continue
+        fix = pass_logits_fix(facts, loss_call.input, origins, what) if fixable else None
+        yield loss_call, origins, fix
+
+
+@rule(
+    "TL101",
+    "softmax-before-cross-entropy",
+    "E",
+    "Cross-entropy gets softmax output instead of logits",
+    fix="safe",
+)
+def softmax_before_cross_entropy(facts: Facts) -> Iterator[Hit]:
+    """
+    ## What it catches
+    The input of `nn.CrossEntropyLoss` / `F.cross_entropy` is already a softmax (or
+    log-softmax, or `exp(log_softmax(...))`) output: directly, through local variables, or
+    because the model's `forward` (or an `nn.Sequential`) ends in a softmax.
+
+    ## Why it is wrong
+    Cross-entropy applies `log_softmax` to its input itself. Feeding it probabilities squashes
+    the logits twice: the loss stays high, gradients shrink, and training stalls or converges to
+    a worse model without any error.
+
+    ## Example
+    ```python
+    probs = F.softmax(model(x), dim=1)
+    loss = F.cross_entropy(probs, y)      # TL101
+    ```
+
+    ## Fix
+    Pass the raw logits: `loss = F.cross_entropy(model(x), y)`; keep the softmax only for
+    metrics or inference. The fix is applied automatically when the softmax is local.
+    """
+    for loss_call, origins, fix in _input_rule(
+        facts, {"CrossEntropyLoss"}, {"softmax", "log_softmax"}, "", "softmax", True
+    ):
+        yield Hit(
+            loss_call.input,  # type: ignore[arg-type]
+            f"`{_short(facts, loss_call.input)}` fed to {loss_call.loss} is already a softmax "
+            f"output ({describe(facts, origins[0])}); cross-entropy expects raw logits",
+            fix,
+            related_for(facts, origins, "softmax"),
+        )
+
+
+@rule(
+    "TL102",
+    "sigmoid-before-bce-with-logits",
+    "E",
+    "BCEWithLogitsLoss gets sigmoid output instead of logits",
+    fix="safe",
+)
+def sigmoid_before_bce_with_logits(facts: Facts) -> Iterator[Hit]:
+    """
+    ## What it catches
+    The input of `nn.BCEWithLogitsLoss` / `F.binary_cross_entropy_with_logits` is a sigmoid
+    output.
+
+    ## Why it is wrong
+    The "with logits" losses apply the sigmoid themselves. A second sigmoid maps every
+    prediction into roughly `[0.5, 0.73]`, so the model can never express confidence and the
+    loss plateaus.
+
+    ## Example
+    ```python
+    criterion = nn.BCEWithLogitsLoss()
+    loss = criterion(torch.sigmoid(logits), y)   # TL102
+    ```
+
+    ## Fix
+    Pass the logits: `criterion(logits, y)`.
+    """
+    for loss_call, origins, fix in _input_rule(
+        facts, {"BCEWithLogitsLoss"}, {"sigmoid"}, "", "sigmoid", True
+    ):
+        yield Hit(
+            loss_call.input,  # type: ignore[arg-type]
+            f"`{_short(facts, loss_call.input)}` fed to BCEWithLogitsLoss is already a sigmoid "
+            f"output ({describe(facts, origins[0])}); the loss applies the sigmoid itself",
+            fix,
+            related_for(facts, origins, "sigmoid"),
+        )
+
+
+@rule(
+    "TL103",
+    "sigmoid-then-bce",
+    "W",
+    "BCELoss on a sigmoid output; BCEWithLogitsLoss is the stable form",
+    fix="unsafe",
+)
+def sigmoid_then_bce(facts: Facts) -> Iterator[Hit]:
+    """
+    ## What it catches
+    `nn.BCELoss` / `F.binary_cross_entropy` applied to a sigmoid output.
+
+    ## Why it is wrong
+    Computing `log(sigmoid(x))` in two steps loses precision: for large |x| the sigmoid rounds
+    to exactly 0 or 1, BCELoss clamps the log at -100 and the gradient vanishes or the loss
+    saturates. `BCEWithLogitsLoss` fuses both with the log-sum-exp trick. BCELoss is also not
+    allowed inside `autocast`.
+
+    ## Example
+    ```python
+    loss = F.binary_cross_entropy(torch.sigmoid(logits), y)   # TL103
+    ```
+
+    ## Fix
+    `F.binary_cross_entropy_with_logits(logits, y)` (or `nn.BCEWithLogitsLoss()`). Offered as
+    an unsafe fix: it changes the loss object and anything else that reads the probabilities.
+    """
+    for loss_call, origins, _ in _input_rule(facts, {"BCELoss"}, {"sigmoid"}, "", "sigmoid", False):
+        yield Hit(
+            loss_call.input,  # type: ignore[arg-type]
+            f"BCELoss on a sigmoid output ({describe(facts, origins[0])}); use BCEWithLogitsLoss "
+            "on the logits for numerical stability",
+            _bce_with_logits_fix(facts, loss_call, origins),
+            related_for(facts, origins, "sigmoid"),
+        )
+
+
+def _bce_with_logits_fix(facts: Facts, loss_call: LossCall, origins: list[Origin]) -> Fix | None:
+    argument = loss_call.input
+    if argument is None or len(origins) != 1 or origins[0].node is not argument:
+        return None
+    logits = activation_input(facts, argument) if isinstance(argument, ast.Call) else None
+    if logits is None:
+        return None
+    edits = [replace_node(facts, argument, facts.source.segment(logits))]
+    func = loss_call.call.func
+    if loss_call.constructor is None:
+        if not isinstance(func, (ast.Attribute, ast.Name)):
+            return None
+        text = facts.source.segment(func)
+        if not text.endswith("binary_cross_entropy"):
+            return None
+        edits.append(replace_node(facts, func, text + "_with_logits"))
+    else:
+        constructor_func = loss_call.constructor.func
+        text = facts.source.segment(constructor_func)
+        if not text.endswith("BCELoss"):
+            return None
+        edits.append(
+            replace_node(facts, constructor_func, text[: -len("BCELoss")] + "BCEWithLogitsLoss")
+        )
+    return Fix("unsafe", "Use BCEWithLogitsLoss on the logits", tuple(edits))
+
+
+FLOAT_DTYPES = {
+    "torch.float",
+    "torch.float32",
+    "torch.float64",
+    "torch.double",
+    "torch.half",
+    "torch.float16",
+    "torch.bfloat16",
+    "torch.FloatTensor",
+    "torch.DoubleTensor",
+}
+CAST_METHODS = {"float", "double", "half", "bfloat16"}
+SOFT_LABEL_HINT = re.compile(r"one_?hot|soft|smooth|mix|cutmix|prob|dist|teacher|lam", re.I)
+INDEX_NAME = re.compile(
+    r"^(y|ys|yb|y_batch|labels?|targets?|tgt|gt|cls|classes|class_ids?|y_true|"
+    r".+_labels?|.+_targets?|labels?_.+|targets?_.+)$",
+    re.I,
+)
+
+
+def float_cast(facts: Facts, expr: ast.AST) -> ast.Call | None:
+    """`expr` when it casts to a floating dtype: `.float()`, `.to(torch.float32)`, `.type(...)`."""
+    if not isinstance(expr, ast.Call) or not isinstance(expr.func, ast.Attribute):
+        return None
+    method = expr.func.attr
+    if method in CAST_METHODS and not expr.args:
+        return expr
+    if method in ("to", "type"):
+        candidates = list(expr.args) + [k.value for k in expr.keywords if k.arg == "dtype"]
+        for candidate in candidates:
+            if (isinstance(candidate, ast.Name) and candidate.id == "float") or (
+                facts.qualname(candidate) in FLOAT_DTYPES
+            ):
+                return expr
+            if isinstance(candidate, ast.Constant) and candidate.value in (
+                "torch.FloatTensor",
+                "torch.cuda.FloatTensor",
+            ):
+                return expr
+    return None
+
+
+def is_class_index_source(facts: Facts, expr: ast.expr) -> bool:
+    """True when every origin of `expr` looks like class indices straight from the data: a
+    loop target or an item of a batch, with no sign of soft labels on the way."""
+    origins = facts.origins(expr)
+    if not origins:
+        return False
+    for origin in origins:
+        text = " ".join(facts.source.segment(n) for n in (origin.node, *origin.via))
+        if SOFT_LABEL_HINT.search(text):
+            return False
+        node = origin.node
+        if isinstance(node, ast.Name):
+            assignment = facts.reaching_assignment(node)
+            if assignment is not None and assignment.loop is not None:
+                if not INDEX_NAME.match(node.id):
+                    return False
+                continue
+            if assignment is None and INDEX_NAME.match(node.id):
+                continue
+            return False
+        if isinstance(node, ast.Subscript):
+            key = node.slice
+            if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                if INDEX_NAME.match(key.value):
+                    continue
+            return False
+        if isinstance(node, ast.Call) and facts.method_name(node) == "long":
+            continue
+        return False
+    return True
+
+
+@rule(
+    "TL106",
+    "class-targets-cast-to-float",
+    "E",
+    "Class-index targets cast to float before cross-entropy / NLL",
+    fix="safe",
+)
+def class_targets_cast_to_float(facts: Facts) -> Iterator[Hit]:
+    """
+    ## What it catches
+    Integer class-index targets converted with `.float()`, `.double()`, `.half()` or
+    `.to(torch.float32)` right before `CrossEntropyLoss` / `NLLLoss`.
+
+    ## Why it is wrong
+    With a float target, `CrossEntropyLoss` switches to its soft-label mode and expects a
+    `[N, C]` probability tensor: a `[N]` float target raises a shape error at best; with
+    `NLLLoss` it fails outright. Class indices must stay `int64`. Soft labels built from
+    `one_hot`, mixup or label smoothing are float on purpose and are not reported.
+
+    ## Example
+    ```python
+    for x, y in loader:
+        loss = criterion(model(x), y.float())   # TL106
+    ```
+
+    ## Fix
+    Drop the cast, or use `.long()`. The fix replaces the cast with `.long()`.
+    """
+    for loss_call in facts.loss_calls:
+        if loss_call.loss not in ("CrossEntropyLoss", "NLLLoss") or loss_call.target is None:
+            continue
+        target = loss_call.target
+        cast = float_cast(facts, target)
+        if cast is None and isinstance(target, ast.Name):
+            assignment = facts.reaching_assignment(target)
+            if assignment is not None and assignment.index is None and assignment.loop is None:
+                cast = float_cast(facts, assignment.value) if assignment.value else None
+        if cast is None or not is_class_index_source(facts, facts.receiver(cast)):  # type: ignore[arg-type]
+            continue
+        receiver = facts.receiver(cast)
+        fix = Fix(
+            "safe",
+            "Keep class indices as int64 (`.long()`)",
+            (replace_node(facts, cast, f"{facts.source.segment(receiver)}.long()"),),  # type: ignore[arg-type]
+        )
+        yield Hit(
+            cast,
+            f"class-index target `{_short(facts, receiver)}` is cast to float before "
+            f"{loss_call.loss}; class indices must stay int64",
+            fix,
+        )
+
+
+def _short(facts: Facts, node: ast.AST | None) -> str:
+    if node is None:
+        return "?"
+    text = facts.source.segment(node).splitlines()[0]
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -1,0 +1,552 @@
+"""TL2xx: train/eval modes and gradient bookkeeping."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from torchls.analysis.facts import EVAL_FUNCTION_RE, Facts
+from torchls.analysis.findings import Fix
+from torchls.analysis.modes import ModeAnalysis, analyse_modes
+from torchls.analysis.registry import Hit, rule
+from torchls.analysis.rules._edits import (
+    delete_statement_line,
+    insert_at,
+    insert_line_before,
+)
+
+def modes_of(facts: Facts) -> ModeAnalysis:
+    """The mode analysis of this file, computed once and shared by TL201-TL203."""
+    cached = getattr(facts, "_mode_analysis", None)
+    if cached is None:
+        cached = analyse_modes(facts)
+        facts._mode_analysis = cached  # type: ignore[attr-defined]
+    return cached
+
+
+def evaluation_context(facts: Facts, call: ast.Call) -> ast.AST | None:
+    """The evaluation loop `call` runs in, if any: a loop over a val/test loader, or a loop in a
+    function named like validate/evaluate/test. Loops that call backward() are training."""
+    loops = facts.enclosing_loops(call)
+    if not loops:
+        return None
+    if any(facts.node_reaches(loop, facts.is_backward) for loop in loops):
+        return None
+    for loop in loops:
+        if facts.batch_loops.get(loop) == "eval":
+            return loop
+    function = facts.enclosing_function(call)
+    if function is not None and EVAL_FUNCTION_RE.match(function.name):
+        if facts.node_reaches(function, facts.is_backward):
+            return None
+        return loops[-1]
+    return None
+
+
+def _model_calls_in_eval(facts: Facts) -> Iterator[tuple[ast.Call, ast.AST, str, frozenset]]:
+    seen: set[tuple[int, str]] = set()
+    analysis = modes_of(facts)
+    for call, modes in sorted(analysis.at_call.items(), key=lambda i: (i[0].lineno, i[0].col_offset)):
+        context = evaluation_context(facts, call)
+        key = facts.key(call.func)
+        if context is None or key is None:
+            continue
+        if (id(context), key) in seen:
+            continue
+        seen.add((id(context), key))
+        yield call, context, key, modes
+
+
+@rule(
+    "TL201",
+    "eval-without-eval-mode",
+    "W",
+    "Evaluation loop runs the model in training mode",
+    fix="unsafe",
+)
+def eval_without_eval_mode(facts: Facts) -> Iterator[Hit]:
+    """
+    ## What it catches
+    An evaluation loop (a loop over a loader named val/valid/test/eval/dev, or a loop in a
+    function named like validate/evaluate/test) calls the model while the model is, on every
+    path that reaches it, still in training mode: `model.eval()` was never called.
+
+    ## Why it is wrong
+    In training mode dropout keeps dropping units and batch-norm normalises with the current
+    batch's statistics (and updates its running averages with validation data). Validation
+    metrics come out noisy and pessimistic, and batch-norm statistics drift.
+
+    ## Example
+    ```python
+    model.train()
+    for x, y in train_loader: ...
+    for x, y in val_loader:        # model still in train mode
+        preds = model(x)           # TL201
+    ```
+
+    ## Fix
+    Call `model.eval()` before the evaluation loop (and `model.train()` before training
+    resumes). The quick fix inserts `model.eval()`; it is unsafe because it changes results.
+    """
+    for call, context, key, modes in _model_calls_in_eval(facts):
+        if not modes or any(fact.mode != "train" for fact in modes):
+            continue
+        fix = Fix(
+            "unsafe",
+            f"Insert `{key}.eval()` before the evaluation loop",
+            (insert_line_before(facts, context, f"{key}.eval()"),),  # type: ignore[arg-type]
+        )
+        yield Hit(
+            call,
+            f"`{key}` is called in an evaluation loop while in training mode; call "
+            f"`{key}.eval()` first (dropout and batch-norm behave differently)",
+            fix,
+        )
+
+
+@rule(
+    "TL202",
+    "eval-without-no-grad",
+    "W",
+    "Evaluation in eval() mode but with gradients enabled",
+    fix="unsafe",
+)
+def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
+    """
+    ## What it catches
+    An evaluation loop that put the model in `eval()` mode but runs it outside
+    `torch.no_grad()` / `torch.inference_mode()` (or a function decorated with them).
+
+    ## Why it is wrong
+    `eval()` only changes how layers behave; it does not stop autograd. Every forward pass
+    still records the graph, so evaluation uses several times the memory (often running out
+    of memory on large validation batches) and is slower, for gradients nobody uses.
+
+    ## Example
+    ```python
+    model.eval()
+    for x, y in val_loader:
+        preds = model(x)            # TL202: builds a graph for nothing
+    ```
+
+    ## Fix
+    Wrap the loop in `with torch.no_grad():` (or decorate the function with
+    `@torch.no_grad()`). The quick fix wraps the loop; it is unsafe because it re-indents code.
+    """
+    for call, context, key, modes in _model_calls_in_eval(facts):
+        if not modes or any(fact.mode != "eval" for fact in modes):
+            continue
+        if facts.in_no_grad(call):
+            continue
+        yield Hit(
+            call,
+            f"`{key}` runs in an evaluation loop with gradients enabled; wrap the loop in "
+            "`torch.no_grad()` or `torch.inference_mode()`",
+            _wrap_in_no_grad(facts, context),
+        )
+
+
+def _wrap_in_no_grad(facts: Facts, loop: ast.AST) -> Fix | None:
+    torch = facts.torch_alias
+    if torch is None or not isinstance(loop, ast.stmt):
+        return None
+    first, last = loop.lineno, loop.end_lineno or loop.lineno
+    if any(
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and (node.end_lineno or node.lineno) > node.lineno
+        for node in ast.walk(loop)
+    ):
+        return None  # re-indenting would change a multi-line string
+    indent = facts.source.indent_of(first)
+    edits = [insert_at(first, 0, f"{indent}with {torch}.no_grad():\n")]
+    for row in range(first, last + 1):
+        if facts.source.lines[row - 1].strip():
+            edits.append(insert_at(row, 0, "    "))
+    # Both edits at the loop's first row insert at column 0; merge them into one.
+    merged = edits[0].content + edits[1].content if len(edits) > 1 else edits[0].content
+    edits = [insert_at(first, 0, merged), *edits[2:]]
+    return Fix("unsafe", "Wrap the evaluation loop in `torch.no_grad()`", tuple(edits))
+
+
+@rule(
+    "TL203",
+    "train-mode-not-restored",
+    "E",
+    "model.eval() inside the epoch loop without model.train() before training resumes",
+    fix="unsafe",
+)
+def train_mode_not_restored(facts: Facts) -> Iterator[Hit]:
+    """
+    ## What it catches
+    `model.eval()` (directly or inside a helper such as `evaluate(model)`) runs inside the
+    epoch loop, while `model.train()` is called only before the loop: from the second epoch on,
+    the model trains in eval mode.
+
+    ## Why it is wrong
+    In eval mode dropout is off and batch-norm uses frozen running statistics, so every epoch
+    after the first trains a different network than intended: regularisation silently
+    disappears and batch-norm statistics stop adapting. Nothing crashes; results just get worse.
+
+    ## Example
+    ```python
+    model.train()
+    for epoch in range(epochs):
+        for x, y in train_loader: ...   # epoch 2+: still in eval mode
+        evaluate(model)                 # TL203: calls model.eval()
+    ```
+
+    ## Fix
+    Call `model.train()` at the start of each epoch's training loop. The quick fix inserts it
+    before the training loop; it is unsafe because it changes results.
+    """
+    analysis = modes_of(facts)
+    reported: set[int] = set()
+    for call, modes in analysis.at_call.items():
+        loops = [loop for loop in facts.enclosing_loops(call) if loop in facts.training_loops]
+        if not loops:
+            continue
+        direct = {fact.setter for fact in modes if not fact.back_edge}
+        for fact in modes:
+            if fact.mode != "eval" or not fact.back_edge or fact.setter in direct:
+                continue
+            setter = fact.setter
+            if setter is None or id(setter) in reported:
+                continue
+            reported.add(id(setter))
+            key = facts.key(call.func) or "model"
+            fix = Fix(
+                "unsafe",
+                f"Insert `{key}.train()` before the training loop",
+                (insert_line_before(facts, loops[0], f"{key}.train()"),),  # type: ignore[arg-type]
+            )
+            yield Hit(
+                setter,
+                f"`{key}` is put in eval mode here, inside the epoch loop, and "
+                f"`{key}.train()` is not called again before training (line {loops[0].lineno})",
+                fix,
+            )
+
+
+def _steps(facts: Facts) -> Iterator[tuple[ast.Call, ast.expr]]:
+    for call in facts.calls:
+        optimizer = facts.optimizer_of_step(call)
+        if optimizer is not None:
+            yield call, optimizer
+
+
+def _clears_grads_in(facts: Facts, loop: ast.AST) -> bool:
+    def predicate(call: ast.Call) -> bool:
+        return facts.is_zero_grad(call) or facts.clears_gradients(call)
+
+    if facts.node_reaches(loop, predicate):
+        return True
+    return any(facts.clears_gradients(node) for node in ast.walk(loop))
+
+
+@rule(
+    "TL204",
+    "missing-zero-grad",
+    "E",
+    "Loop steps the optimizer but never clears gradients",
+    fix="unsafe",
+)
+def missing_zero_grad(facts: Facts) -> Iterator[Hit]:
+    """
+    ## What it catches
+    A loop that calls `backward()` and `optimizer.step()` (or `scaler.step(optimizer)`) but
+    never clears gradients: no `optimizer.zero_grad()`, `model.zero_grad()` or
+    `p.grad = None` anywhere in the loop (helpers and LBFGS closures included).
+
+    ## Why it is wrong
+    `backward()` adds into `.grad`. Without clearing, step *k* uses the sum of all gradients so
+    far: the effective learning rate grows every step and training diverges or oscillates.
+    Gradient accumulation (clearing every *k* steps inside the loop) is correct and is not
+    reported.
+
+    ## Example
+    ```python
+    for x, y in loader:
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()          # TL204
+    ```
+
+    ## Fix
+    Call `optimizer.zero_grad(set_to_none=True)` at the start of each iteration. Offered as
+    an unsafe fix (it changes training).
+    """
+    reported: set[int] = set()
+    for step, optimizer in _steps(facts):
+        loops = facts.enclosing_loops(step)
+        if not loops:
+            continue
+        loop = loops[0]
+        if id(loop) in reported or not facts.node_reaches(loop, facts.is_backward):
+            continue
+        if _clears_grads_in(facts, loop):
+            continue
+        reported.add(id(loop))
+        optimizer_text = facts.source.segment(optimizer)
+        body_start = loop.body[0]  # type: ignore[attr-defined]
+        yield Hit(
+            step,
+            f"`{optimizer_text}` is stepped in a loop that never clears gradients; they "
+            "accumulate across iterations",
+            Fix(
+                "unsafe",
+                f"Insert `{optimizer_text}.zero_grad(set_to_none=True)` at the start of the loop",
+                (
+                    insert_line_before(
+                        facts, body_start, f"{optimizer_text}.zero_grad(set_to_none=True)"
+                    ),
+                ),
+            ),
+        )
+
+
+def _blocks(tree: ast.AST) -> Iterator[list[ast.stmt]]:
+    for node in ast.walk(tree):
+        for name in ("body", "orelse", "finalbody"):
+            block = getattr(node, name, None)
+            if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
+                yield block
+
+
+@rule(
+    "TL205",
+    "zero-grad-between-backward-and-step",
+    "E",
+    "zero_grad() between backward() and step() wipes the gradients",
+    fix="unsafe",
+)
+def zero_grad_between_backward_and_step(facts: Facts) -> Iterator[Hit]:
+    """
+    ## What it catches
+    `optimizer.zero_grad()` (or `model.zero_grad()`) called after `loss.backward()` and before
+    `optimizer.step()` of the same optimizer.
+
+    ## Why it is wrong
+    The gradients `backward()` just computed are erased before the optimizer uses them, so
+    `step()` sees zeros (or `None`): the parameters never change, or only weight decay and
+    momentum move them. The loss stays flat.
+
+    ## Example
+    ```python
+    loss.backward()
+    optimizer.zero_grad()   # TL205
+    optimizer.step()
+    ```
+
+    ## Fix
+    Clear gradients before the forward pass (start of the iteration), or after `step()`.
+    The quick fix moves the call to the start of the block; it is unsafe.
+    """
+    for block in _blocks(facts.tree):
+        for index, stmt in enumerate(block):
+            call = stmt.value if isinstance(stmt, ast.Expr) else None
+            if not isinstance(call, ast.Call) or not facts.is_zero_grad(call):
+                continue
+            cleared = facts.receiver(call)
+            cleared_key = facts.key(cleared)
+            clears_model = facts.is_kind(cleared, "model") or cleared_key == "self"
+            if not any(facts.node_reaches(s, facts.is_backward) for s in block[:index]):
+                continue
+            for later in block[index + 1 :]:
+                if facts.node_reaches(later, facts.is_backward):
+                    break
+                steps = [c for c in facts.calls_in(later) if facts.optimizer_of_step(c) is not None]
+                matched = [
+                    s
+                    for s in steps
+                    if clears_model or facts.key(facts.optimizer_of_step(s)) == cleared_key
+                ]
+                if matched:
+                    yield Hit(
+                        call,
+                        f"`{facts.source.segment(call)}` runs after backward() and before "
+                        f"`{facts.source.segment(matched[0])}`: the step sees no gradients",
+                        _move_to_block_start(facts, block, stmt),
+                    )
+                    break
+
+
+def _move_to_block_start(facts: Facts, block: list[ast.stmt], stmt: ast.stmt) -> Fix | None:
+    deletion = delete_statement_line(facts, stmt)
+    if deletion is None or block[0] is stmt:
+        return None
+    text = facts.source.segment(stmt)
+    return Fix(
+        "unsafe",
+        "Move the zero_grad() call before the forward pass",
+        (insert_line_before(facts, block[0], text), deletion),
+    )
+
+
+TENSOR_USES = {"item", "detach", "cpu", "numpy", "backward", "to", "cuda", "tolist", "clone"}
+
+
+def _loss_names(facts: Facts, scope: ast.AST) -> set[str]:
+    """Names in `scope` that hold a loss tensor: assigned from a loss call, or backward()-ed."""
+    names: set[str] = set()
+    loss_call_nodes = {lc.call for lc in facts.loss_calls}
+    for node in facts.walk_local(scope):
+        if isinstance(node, ast.Call) and facts.method_name(node) == "backward" and not node.args:
+            receiver = facts.receiver(node)
+            if isinstance(receiver, ast.Name):
+                names.add(receiver.id)
+        elif (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and node.value in loss_call_nodes
+        ):
+            names.add(node.targets[0].id)
+    return names
+
+
+def _accumulation(stmt: ast.stmt) -> tuple[str, ast.expr, str] | None:
+    """(accumulator, value, how) for `acc.append(v)`, `acc += v`, `acc[k] = v`."""
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+        call = stmt.value
+        func = call.func
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr == "append"
+            and isinstance(func.value, ast.Name)
+            and len(call.args) == 1
+        ):
+            return func.value.id, call.args[0], "append"
+    if isinstance(stmt, ast.AugAssign) and isinstance(stmt.op, ast.Add):
+        if isinstance(stmt.target, ast.Name):
+            return stmt.target.id, stmt.value, "+="
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+        target = stmt.targets[0]
+        if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
+            return target.value.id, stmt.value, "[]="
+    return None
+
+
+def _holds_graph(facts: Facts, value: ast.expr, loss_names: set[str]) -> ast.Name | None:
+    """The loss name when `value` is that loss tensor (possibly scaled), not a Python number."""
+    if isinstance(value, ast.Name):
+        return value if value.id in loss_names else None
+    if isinstance(value, ast.BinOp) and isinstance(value.op, (ast.Mult, ast.Div)):
+        for side in (value.left, value.right):
+            if isinstance(side, ast.Name) and side.id in loss_names:
+                return side
+    return None
+
+
+def _feeds_backward(facts: Facts, scope: ast.AST, accumulator: str) -> bool:
+    """True if the accumulator is (part of) something that gets backward()-ed."""
+    derived = {accumulator}
+    for node in facts.walk_local(scope):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(n, ast.Name) and n.id in derived for n in ast.walk(node.value)
+        ):
+            derived.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    for node in facts.walk_local(scope):
+        if isinstance(node, ast.Call) and facts.is_backward(node):
+            subject = facts.receiver(node) or (node.args[0] if node.args else None)
+            if subject is not None and any(
+                isinstance(n, ast.Name) and n.id in derived for n in ast.walk(subject)
+            ):
+                return True
+    return False
+
+
+def _used_as_tensor_later(facts: Facts, scope: ast.AST, accumulator: str, after: int) -> bool:
+    for node in facts.walk_local(scope):
+        if getattr(node, "lineno", 0) <= after:
+            continue
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == accumulator
+            and node.attr in TENSOR_USES
+        ):
+            return True
+        if isinstance(node, ast.Call) and (facts.call_qualname(node) or "").startswith("torch."):
+            if any(isinstance(a, ast.Name) and a.id == accumulator for a in node.args):
+                return True
+    return False
+
+
+@rule(
+    "TL206",
+    "graph-kept-alive",
+    "W",
+    "Loss tensor accumulated across iterations keeps every graph alive",
+    fix="safe",
+)
+def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
+    """
+    ## What it catches
+    A loss (a tensor attached to the autograd graph) accumulated across loop iterations:
+    `losses.append(loss)`, `total += loss`, `history[step] = loss`, without `.item()`,
+    `.detach()` or `float(...)`.
+
+    ## Why it is wrong
+    Each stored loss keeps its whole computation graph, activations included, alive. Memory
+    grows every iteration until the run dies with an out-of-memory error hours in. Summing
+    losses that are backward()-ed together afterwards is intended and is not reported.
+
+    ## Example
+    ```python
+    total = 0
+    for x, y in loader:
+        loss = criterion(model(x), y)
+        loss.backward()
+        total += loss             # TL206
+    ```
+
+    ## Fix
+    Store a Python number: `total += loss.item()` (or `loss.detach()` to keep a tensor). The
+    fix adds `.item()`; it is offered as unsafe when the accumulator is later used as a tensor.
+    """
+    scopes = [facts.tree, *facts.functions.values()]
+    scopes += [m for c in facts.classes.values() for m in c.methods.values()]
+    for scope in scopes:
+        loss_names = _loss_names(facts, scope)
+        if not loss_names:
+            continue
+        for node in facts.walk_local(scope):
+            if not isinstance(node, ast.stmt):
+                continue
+            found = _accumulation(node)
+            if found is None:
+                continue
+            accumulator, value, how = found
+            loss = _holds_graph(facts, value, loss_names)
+            loops = facts.enclosing_loops(node)
+            if loss is None or not loops or facts.in_no_grad(node):
+                continue
+            assignments = facts.assignments_of(accumulator, scope)  # type: ignore[arg-type]
+            if not assignments or any(facts.is_inside(a.stmt, loops[0]) for a in assignments):
+                continue
+            if how == "+=" and accumulator in loss_names:
+                continue
+            if _feeds_backward(facts, scope, accumulator):
+                continue
+            loss_assignment = facts.reaching_assignment(loss)
+            if loss_assignment is not None and facts.in_no_grad(loss_assignment.stmt):
+                continue
+            fix = None
+            if how in ("append", "+=") and value is loss:
+                applicability = (
+                    "unsafe"
+                    if _used_as_tensor_later(facts, scope, accumulator, node.lineno)
+                    else "safe"
+                )
+                fix = Fix(
+                    applicability,  # type: ignore[arg-type]
+                    f"Accumulate `{loss.id}.item()`",
+                    (insert_at(loss.end_lineno, facts.source.column(loss.end_lineno, loss.end_col_offset), ".item()"),),  # type: ignore[arg-type]
+                )
+            yield Hit(
+                node,
+                f"`{loss.id}` is accumulated into `{accumulator}` with its autograd graph; "
+                f"use `{loss.id}.item()` or `{loss.id}.detach()`",
+                fix,
+            )

@@ -1,0 +1,159 @@
+"""Source text handling: decoding, parsing with recovery from syntax errors, and positions.
+
+In: raw bytes or text of one file. Out: a `ParsedSource` with the `ast` tree of everything that
+parses, the lines that had to be blanked to get there, and conversions from `ast`'s UTF-8 byte
+columns to code-point columns (the unit of `Finding` positions).
+"""
+
+from __future__ import annotations
+
+import ast
+import codecs
+import re
+from dataclasses import dataclass, field
+
+from torchls.analysis.findings import Span
+
+MAX_RECOVERY_ATTEMPTS = 25
+_CODING_RE = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
+
+
+class SourceError(Exception):
+    """A file that cannot be analysed at all; the message is one line meant for the user."""
+
+
+def decode_source(data: bytes) -> str:
+    """Decode file bytes as Python does (BOM, PEP 263 cookie, else UTF-8)."""
+    if b"\x00" in data[:8192]:
+        raise SourceError("binary file (contains NUL bytes), not Python source")
+    encoding = "utf-8"
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8) :]
+    else:
+        for line in data.split(b"\n", 2)[:2]:
+            match = _CODING_RE.match(line)
+            if match:
+                encoding = match.group(1).decode("ascii")
+                break
+    try:
+        return data.decode(encoding)
+    except LookupError:
+        raise SourceError(f"unknown source encoding {encoding!r}") from None
+    except UnicodeDecodeError as error:
+        raise SourceError(
+            f"not valid {encoding} at byte {error.start}; save the file as UTF-8"
+        ) from None
+
+
+@dataclass(frozen=True)
+class SyntaxProblem:
+    row: int
+    column: int
+    message: str
+
+
+@dataclass
+class ParsedSource:
+    text: str
+    lines: list[str]
+    tree: ast.Module
+    blanked_rows: set[int] = field(default_factory=set)
+    syntax_errors: list[SyntaxProblem] = field(default_factory=list)
+
+    def column(self, row: int, utf8_offset: int) -> int:
+        """Code-point column of a UTF-8 byte offset on 1-based `row`."""
+        if row < 1 or row > len(self.lines):
+            return utf8_offset
+        line = self.lines[row - 1]
+        if line.isascii():
+            return utf8_offset
+        return len(line.encode("utf-8")[:utf8_offset].decode("utf-8", errors="ignore"))
+
+    def span(self, node: ast.AST, end_node: ast.AST | None = None) -> Span:
+        last = end_node or node
+        row, end_row = node.lineno, last.end_lineno or node.lineno
+        return Span.of(
+            row,
+            self.column(row, node.col_offset),
+            end_row,
+            self.column(end_row, last.end_col_offset or 0),
+        )
+
+    def segment(self, node: ast.AST) -> str:
+        """The exact source text of `node` (kept verbatim so fixes preserve formatting)."""
+        span = self.span(node)
+        return self.text_of(span)
+
+    def text_of(self, span: Span) -> str:
+        start, end = span.start, span.end
+        if start.row == end.row:
+            return self.lines[start.row - 1][start.column : end.column]
+        parts = [self.lines[start.row - 1][start.column :]]
+        parts.extend(self.lines[start.row : end.row - 1])
+        parts.append(self.lines[end.row - 1][: end.column])
+        return "\n".join(parts)
+
+    def indent_of(self, row: int) -> str:
+        line = self.lines[row - 1]
+        return line[: len(line) - len(line.lstrip())]
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines without terminators, split the way `ast` counts rows."""
+    return re.split(r"\r\n|\r|\n", text)
+
+
+def _blank(line: str, opens_block: bool) -> str:
+    indent = line[: len(line) - len(line.lstrip())]
+    # Keep the indentation so the lines around it stay valid; a block opener needs a body.
+    return indent + ("if True:" if opens_block else "pass")
+
+
+def parse_source(text: str) -> ParsedSource:
+    """Parse `text`; on a syntax error blank the offending line and retry, so one half-typed
+    line does not hide the findings for the rest of the file."""
+    lines = split_lines(text)
+    working = list(lines)
+    blanked: set[int] = set()
+    problems: list[SyntaxProblem] = []
+    for _ in range(MAX_RECOVERY_ATTEMPTS):
+        try:
+            tree = ast.parse("\n".join(working), type_comments=False)
+            return ParsedSource(text, lines, tree, blanked, problems)
+        except RecursionError:
+            raise SourceError("nesting too deep for Python's parser") from None
+        except (SyntaxError, ValueError, MemoryError) as error:
+            row = getattr(error, "lineno", None) or 1
+            row = max(1, min(row, len(working)))
+            if not problems:
+                message = getattr(error, "msg", str(error))
+                problems.append(SyntaxProblem(row, (getattr(error, "offset", 1) or 1) - 1, message))
+            row = _next_row_to_blank(working, row, blanked)
+            if row is None:
+                break
+            following = next(
+                (line for line in working[row:] if line.strip()),
+                "",
+            )
+            current = working[row - 1]
+            indent = len(current) - len(current.lstrip())
+            opens_block = current.rstrip().endswith(":") or (
+                len(following) - len(following.lstrip()) > indent
+            )
+            working[row - 1] = _blank(current, opens_block)
+            blanked.add(row)
+    # Nothing parsed: analyse an empty module rather than fail, and report why.
+    if not problems:
+        problems.append(SyntaxProblem(1, 0, "could not parse the file"))
+    return ParsedSource(text, lines, ast.Module(body=[], type_ignores=[]), blanked, problems)
+
+
+def _next_row_to_blank(working: list[str], row: int, blanked: set[int]) -> int | None:
+    # A blanked line can still be reported (e.g. an unclosed bracket above it); move down.
+    while row in blanked and row < len(working):
+        row += 1
+    if row in blanked:
+        return None
+    return row
+
+
