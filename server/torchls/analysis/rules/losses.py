@@ -75,11 +75,15 @@ def all_activated(facts: Facts, expr: ast.expr, accepted: set[str]) -> list[Orig
     return None
 
 
-def describe(facts: Facts, origin: Origin) -> str:
-    text = facts.source.segment(origin.node).splitlines()[0]
-    if len(text) > 40:
-        text = text[:37] + "..."
-    return f"`{text}` on line {origin.node.lineno}"
+def describe(facts: Facts, argument: ast.AST, origin: Origin) -> str:
+    """`probs` (from `F.softmax(logits, dim=1)` on line 11), or just the argument when it is
+    the activation itself."""
+    if origin.node is argument:
+        return f"`{_short(facts, argument)}`"
+    return (
+        f"`{_short(facts, argument)}` (from `{_short(facts, origin.node)}` "
+        f"on line {origin.node.lineno})"
+    )
 
 
 def related_for(facts: Facts, origins: list[Origin], what: str) -> tuple[Related, ...]:
@@ -126,7 +130,7 @@ def pass_logits_fix(facts: Facts, argument: ast.expr, origins: list[Origin], wha
 
 
 def _input_rule(
-    facts: Facts, losses: set[str], accepted: set[str], explain: str, what: str, fixable: bool
+    facts: Facts, losses: set[str], accepted: set[str], what: str, fixable: bool
 ) -> Iterator[tuple[LossCall, list[Origin], Fix | None]]:
     for loss_call in facts.loss_calls:
         if loss_call.loss not in losses or loss_call.input is None:
@@ -168,12 +172,12 @@ def softmax_before_cross_entropy(facts: Facts) -> Iterator[Hit]:
     metrics or inference. The fix is applied automatically when the softmax is local.
     """
     for loss_call, origins, fix in _input_rule(
-        facts, {"CrossEntropyLoss"}, {"softmax", "log_softmax"}, "", "softmax", True
+        facts, {"CrossEntropyLoss"}, {"softmax", "log_softmax"}, "softmax", True
     ):
         yield Hit(
             loss_call.input,  # type: ignore[arg-type]
-            f"`{_short(facts, loss_call.input)}` fed to {loss_call.loss} is already a softmax "
-            f"output ({describe(facts, origins[0])}); cross-entropy expects raw logits",
+            f"{loss_call.loss} input {describe(facts, loss_call.input, origins[0])} is already "
+            "a softmax output; cross-entropy expects raw logits",
             fix,
             related_for(facts, origins, "softmax"),
         )
@@ -207,12 +211,12 @@ def sigmoid_before_bce_with_logits(facts: Facts) -> Iterator[Hit]:
     Pass the logits: `criterion(logits, y)`.
     """
     for loss_call, origins, fix in _input_rule(
-        facts, {"BCEWithLogitsLoss"}, {"sigmoid"}, "", "sigmoid", True
+        facts, {"BCEWithLogitsLoss"}, {"sigmoid"}, "sigmoid", True
     ):
         yield Hit(
             loss_call.input,  # type: ignore[arg-type]
-            f"`{_short(facts, loss_call.input)}` fed to BCEWithLogitsLoss is already a sigmoid "
-            f"output ({describe(facts, origins[0])}); the loss applies the sigmoid itself",
+            f"BCEWithLogitsLoss input {describe(facts, loss_call.input, origins[0])} is already "
+            "a sigmoid output; the loss applies the sigmoid itself",
             fix,
             related_for(facts, origins, "sigmoid"),
         )
@@ -245,11 +249,11 @@ def sigmoid_then_bce(facts: Facts) -> Iterator[Hit]:
     `F.binary_cross_entropy_with_logits(logits, y)` (or `nn.BCEWithLogitsLoss()`). Offered as
     an unsafe fix: it changes the loss object and anything else that reads the probabilities.
     """
-    for loss_call, origins, _ in _input_rule(facts, {"BCELoss"}, {"sigmoid"}, "", "sigmoid", False):
+    for loss_call, origins, _ in _input_rule(facts, {"BCELoss"}, {"sigmoid"}, "sigmoid", False):
         yield Hit(
             loss_call.input,  # type: ignore[arg-type]
-            f"BCELoss on a sigmoid output ({describe(facts, origins[0])}); use BCEWithLogitsLoss "
-            "on the logits for numerical stability",
+            f"BCELoss input {describe(facts, loss_call.input, origins[0])} is a sigmoid output; "
+            "BCEWithLogitsLoss on the logits is numerically stable",
             _bce_with_logits_fix(facts, loss_call, origins),
             related_for(facts, origins, "sigmoid"),
         )

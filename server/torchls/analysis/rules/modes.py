@@ -12,6 +12,7 @@ from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._edits import (
     delete_statement_line,
     insert_at,
+    insert_line_after,
     insert_line_before,
 )
 
@@ -25,22 +26,23 @@ def modes_of(facts: Facts) -> ModeAnalysis:
 
 
 def evaluation_context(facts: Facts, call: ast.Call) -> ast.AST | None:
-    """The evaluation loop `call` runs in, if any: a loop over a val/test loader, or a loop in a
-    function named like validate/evaluate/test. Loops that call backward() are training."""
+    """The evaluation loop `call` runs in, if any: a loop over a val/test loader, or the
+    outermost loop of a function named like validate/evaluate/test. A context that calls
+    backward() is training (test-time adaptation, say), not evaluation."""
     loops = facts.enclosing_loops(call)
     if not loops:
         return None
-    if any(facts.node_reaches(loop, facts.is_backward) for loop in loops):
-        return None
-    for loop in loops:
-        if facts.batch_loops.get(loop) == "eval":
-            return loop
-    function = facts.enclosing_function(call)
-    if function is not None and EVAL_FUNCTION_RE.match(function.name):
+    context = next((loop for loop in loops if facts.batch_loops.get(loop) == "eval"), None)
+    if context is None:
+        function = facts.enclosing_function(call)
+        if function is None or not EVAL_FUNCTION_RE.match(function.name):
+            return None
         if facts.node_reaches(function, facts.is_backward):
             return None
-        return loops[-1]
-    return None
+        context = loops[-1]
+    if facts.node_reaches(context, facts.is_backward):
+        return None
+    return context
 
 
 def _model_calls_in_eval(facts: Facts) -> Iterator[tuple[ast.Call, ast.AST, str, frozenset]]:
@@ -91,11 +93,12 @@ def eval_without_eval_mode(facts: Facts) -> Iterator[Hit]:
     for call, context, key, modes in _model_calls_in_eval(facts):
         if not modes or any(fact.mode != "train" for fact in modes):
             continue
-        fix = Fix(
-            "unsafe",
-            f"Insert `{key}.eval()` before the evaluation loop",
-            (insert_line_before(facts, context, f"{key}.eval()"),),  # type: ignore[arg-type]
-        )
+        edits = [insert_line_before(facts, context, f"{key}.eval()")]  # type: ignore[arg-type]
+        if any(facts.node_reaches(outer, facts.is_backward) for outer in facts.enclosing_loops(context)):
+            # Evaluation inside the training loop: switch back, or the next epoch trains in
+            # eval mode (TL203).
+            edits.append(insert_line_after(facts, context, f"{key}.train()"))  # type: ignore[arg-type]
+        fix = Fix("unsafe", f"Insert `{key}.eval()` before the evaluation loop", tuple(edits))
         yield Hit(
             call,
             f"`{key}` is called in an evaluation loop while in training mode; call "

@@ -1,0 +1,36 @@
+"""Rule selection semantics (prefixes, ignore, extend-select, per-file-ignores)."""
+
+from __future__ import annotations
+
+from torchls.analysis.noqa import add_code_to_line
+from torchls.analysis.selection import RuleSelection
+
+
+def test_default_selects_everything() -> None:
+    assert RuleSelection.from_lists().enabled("TL101")
+
+
+def test_prefixes_and_most_specific_wins() -> None:
+    selection = RuleSelection.from_lists(select=["TL"], ignore=["TL2"], extend_select=["TL203"])
+    assert selection.enabled("TL101")
+    assert not selection.enabled("TL201")
+    assert selection.enabled("TL203")
+
+
+def test_select_all_keyword_and_case() -> None:
+    selection = RuleSelection.from_lists(select=["all"], ignore=["tl3"])
+    assert selection.enabled("TL101") and not selection.enabled("TL301")
+
+
+def test_per_file_ignores_match_relative_paths_and_names() -> None:
+    selection = RuleSelection.from_lists(per_file_ignores={"tests/*.py": ["TL1"]})
+    assert not selection.enabled("TL101", "tests/test_model.py")
+    assert selection.enabled("TL101", "train.py")
+    assert selection.enabled("TL201", "tests/test_model.py")
+
+
+def test_add_code_to_noqa_line() -> None:
+    assert add_code_to_line("x = f(y)", "TL101") == "x = f(y)  # noqa: TL101"
+    assert add_code_to_line("x = f(y)  # noqa: TL302", "TL101") == "x = f(y)  # noqa: TL302, TL101"
+    assert add_code_to_line("x = f(y)  # noqa", "TL101") == "x = f(y)  # noqa"
+    assert add_code_to_line("x = f(y)  # noqa: TL101", "TL101") == "x = f(y)  # noqa: TL101"

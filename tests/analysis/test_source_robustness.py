@@ -1,0 +1,97 @@
+"""The analysis survives anything an editor or a repository can hand it, and keeps positions right."""
+
+from __future__ import annotations
+
+from torchls.analysis import analyze
+
+BUGGY_TAIL = (
+    "import torch.nn.functional as F\n"
+    "def step(logits, y):\n"
+    "    probs = F.softmax(logits, dim=1)\n"
+    "    return F.cross_entropy(probs, y)\n"
+)
+
+
+def codes(source) -> list[str]:
+    return [finding.code for finding in analyze(source).findings]
+
+
+def test_syntax_error_on_one_line_keeps_other_findings() -> None:
+    broken = "import torch\nmodel = torch.nn.Linear(3,\nx = [1, 2\n" + BUGGY_TAIL
+    result = analyze(broken)
+    assert result.error is None
+    assert [f.code for f in result.findings] == ["TL101"]
+    assert result.syntax_errors and result.syntax_errors[0].row >= 2
+
+
+def test_half_typed_block_opener_keeps_findings_below() -> None:
+    source = BUGGY_TAIL + "for batch in loader\n    pass\n"
+    assert codes(source) == ["TL101"]
+
+
+def test_binary_input_gives_one_line_message() -> None:
+    result = analyze(b"\x00\x01\x02torch\x00")
+    assert result.findings == [] and result.error and "\n" not in result.error
+
+
+def test_non_utf8_input_gives_one_line_message() -> None:
+    result = analyze("x = 'caf\u00e9'\n".encode("latin-1"))
+    assert result.findings == []
+    assert "UTF-8" in result.error
+
+
+def test_coding_cookie_is_honoured() -> None:
+    source = ("# -*- coding: latin-1 -*-\nname = 'caf\u00e9'\n" + BUGGY_TAIL).encode("latin-1")
+    assert codes(source) == ["TL101"]
+
+
+def test_empty_and_whitespace_input() -> None:
+    assert analyze("").findings == [] and analyze("").error is None
+    assert analyze("\n\n   \n").findings == []
+
+
+def test_deep_nesting_never_raises() -> None:
+    for source in ("x = " + "(" * 5000 + ")" * 5000 + "\n", "x = " + "[" * 200 + "]" * 200):
+        result = analyze(source)
+        assert result.findings == []
+
+
+def test_megabyte_file() -> None:
+    block = BUGGY_TAIL.replace("def step", "def step_{i}")
+    source = "".join(block.replace("{i}", str(i)) for i in range(8000))
+    assert len(source) > 1_000_000
+    result = analyze(source)
+    assert result.error is None and len(result.findings) == 8000
+
+
+def test_columns_count_code_points_not_bytes() -> None:
+    source = (
+        "import torch.nn.functional as F\n"
+        "def step(logits, y):\n"
+        "    probs = F.softmax(logits, dim=1)\n"
+        "    note = '\u00e9\U0001f525'; return F.cross_entropy(probs, y)\n"
+    )
+    finding = analyze(source).findings[0]
+    line = source.splitlines()[3]
+    assert line[finding.span.start.column :].startswith("probs")
+    assert finding.span.end.column - finding.span.start.column == len("probs")
+
+
+def test_crlf_line_endings() -> None:
+    finding = analyze(BUGGY_TAIL.replace("\n", "\r\n")).findings[0]
+    assert (finding.span.start.row, finding.span.start.column) == (4, 27)
+
+
+def test_noqa_specific_and_bare() -> None:
+    silenced = BUGGY_TAIL.replace("(probs, y)", "(probs, y)  # noqa: TL101")
+    assert codes(silenced) == []
+    other = BUGGY_TAIL.replace("(probs, y)", "(probs, y)  # noqa: TL302")
+    assert codes(other) == ["TL101"]
+    bare = BUGGY_TAIL.replace("(probs, y)", "(probs, y)  # noqa")
+    assert codes(bare) == []
+    listed = BUGGY_TAIL.replace("(probs, y)", "(probs, y)  # NOQA: TL302, TL101")
+    assert codes(listed) == []
+
+
+def test_selection_callback_filters_rules() -> None:
+    assert analyze(BUGGY_TAIL, enabled=lambda code: code != "TL101").findings == []

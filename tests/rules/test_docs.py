@@ -1,0 +1,47 @@
+"""Every rule is documented and registered exactly as the public catalog (shared/rules.md) says."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from torchls.analysis import all_rules
+
+CATALOG = Path(__file__).resolve().parents[3] / "shared" / "rules.md"
+SECTIONS = ("## What it catches", "## Why it is wrong", "## Example", "## Fix")
+
+
+def _catalog() -> dict[str, tuple[str, str, str]]:
+    rows = {}
+    for match in re.finditer(
+        r"^\| (TL\d{3}) \| ([a-z0-9-]+) \| ([EWI]) \| [^|]*\|(?: ([^|]*)\|)?",
+        CATALOG.read_text(),
+        re.MULTILINE,
+    ):
+        rows[match.group(1)] = (match.group(2), match.group(3), (match.group(4) or "").strip())
+    return rows
+
+
+@pytest.mark.parametrize("rule", all_rules(), ids=lambda r: r.code)
+def test_rule_doc_has_every_section(rule) -> None:
+    for section in SECTIONS:
+        assert section in rule.doc, f"{rule.code} doc lacks {section!r}"
+    assert "```python" in rule.doc, f"{rule.code} doc has no example"
+    assert rule.summary and len(rule.summary) < 90
+
+
+@pytest.mark.parametrize("rule", all_rules(), ids=lambda r: r.code)
+def test_rule_matches_catalog(rule) -> None:
+    catalog = _catalog()
+    assert rule.code in catalog, f"{rule.code} is not in {CATALOG}"
+    name, severity, fix = catalog[rule.code]
+    assert rule.name == name
+    assert rule.severity == {"E": "error", "W": "warning", "I": "information"}[severity]
+    if fix.startswith("safe"):
+        assert rule.fix == "safe"
+    elif fix.startswith("unsafe"):
+        assert rule.fix == "unsafe"
+    elif fix in ("none", ""):
+        assert rule.fix == "none"
