@@ -158,25 +158,36 @@ class Facts:
         self.loops: list[ast.For | ast.AsyncFor | ast.While] = []
         self.assignments: dict[ast.AST, dict[str, list[Assignment]]] = {}
         self.scope_of_node: dict[ast.AST, ScopeNode] = {}
+        self._calls_in: dict[ast.AST, list[ast.Call]] = {}
+        self.scope_nodes: dict[ast.AST, list[ast.AST]] = {}
+        self.calls_by_statement: dict[ast.stmt, list[ast.Call]] = {}
         self._collect()
 
     # ------------------------------------------------------------------ collection (one walk)
     def _collect(self) -> None:
-        stack: list[tuple[ast.AST, ScopeNode, ast.ClassDef | None]] = [(self.tree, self.tree, None)]
+        # One iterative walk (deep nesting must not hit the recursion limit) that records
+        # parents, scopes, bindings, calls and loops, and the statement each call belongs to.
+        Entry = tuple[ast.AST, ScopeNode, "ast.ClassDef | None", "ast.stmt | None"]
+        stack: list[Entry] = [(self.tree, self.tree, None, None)]
         self.assignments[self.tree] = {}
+        self.scope_nodes[self.tree] = []
         while stack:
-            node, scope, klass = stack.pop()
+            node, scope, klass, statement = stack.pop()
             for child in ast.iter_child_nodes(node):
                 self.parents[child] = node
+                self.scope_nodes[scope].append(child)
                 child_scope, child_class = scope, klass
+                child_statement = child if isinstance(child, ast.stmt) else statement
                 if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     self.scope_of_node[child] = scope
                     self._register_function(child, klass)
                     self.assignments[child] = {}
+                    self.scope_nodes[child] = []
                     self._bind_parameters(child)
                     child_scope, child_class = child, None
                 elif isinstance(child, ast.Lambda):
                     self.assignments[child] = {}
+                    self.scope_nodes[child] = []
                     child_scope = child
                 elif isinstance(child, ast.ClassDef):
                     self._register_class(child)
@@ -184,7 +195,9 @@ class Facts:
                 else:
                     self.scope_of_node[child] = scope
                     self._note(child, scope, klass)
-                stack.append((child, child_scope, child_class))
+                    if isinstance(child, ast.Call) and statement is not None:
+                        self.calls_by_statement.setdefault(statement, []).append(child)
+                stack.append((child, child_scope, child_class, child_statement))
 
     def _register_function(self, node: FunctionNode, klass: ast.ClassDef | None) -> None:
         if klass is not None:
@@ -325,6 +338,9 @@ class Facts:
 
     def walk_local(self, node: ast.AST) -> Iterator[ast.AST]:
         """Nodes under `node` without descending into nested functions, lambdas or classes."""
+        if node in self.scope_nodes:
+            yield from self.scope_nodes[node]
+            return
         todo = list(ast.iter_child_nodes(node))
         while todo:
             child = todo.pop()
@@ -335,9 +351,20 @@ class Facts:
                 todo.extend(ast.iter_child_nodes(child))
 
     def calls_in(self, node: ast.AST) -> list[ast.Call]:
-        calls = [n for n in self.walk_local(node) if isinstance(n, ast.Call)]
-        calls.sort(key=lambda c: (c.lineno, c.col_offset))
-        return calls
+        """Calls under `node` (not in nested functions), in source order; memoised because
+        several rules and the mode analysis ask about the same loops and statements."""
+        cached = self._calls_in.get(node)
+        if cached is None:
+            if isinstance(node, ast.stmt) and not hasattr(node, "body"):
+                # A simple statement: its calls were recorded during the single walk.
+                cached = list(self.calls_by_statement.get(node, ()))
+            elif node in self.scope_nodes:
+                cached = [n for n in self.scope_nodes[node] if isinstance(n, ast.Call)]
+            else:
+                cached = [n for n in self.walk_local(node) if isinstance(n, ast.Call)]
+            cached.sort(key=lambda c: (c.lineno, c.col_offset))
+            self._calls_in[node] = cached
+        return cached
 
     # ------------------------------------------------------------------ names and imports
     def qualname(self, expr: ast.AST | None) -> str | None:
@@ -541,6 +568,10 @@ class Facts:
         from torchls.analysis.losses import find_loss_calls
 
         return find_loss_calls(self)
+
+    @cached_property
+    def loss_call_nodes(self) -> set[ast.Call]:
+        return {loss_call.call for loss_call in self.loss_calls}
 
     # ------------------------------------------------------------------ provenance
     def origins(self, expr: ast.AST, depth: int = 0, via: tuple[ast.AST, ...] = ()) -> list[Origin]:

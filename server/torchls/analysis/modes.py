@@ -61,7 +61,7 @@ class ModeAnalysis:
         facts = self.facts
         functions = [
             node
-            for node in ast.walk(facts.tree)
+            for node in facts.scope_nodes
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
         ]
         # Two rounds: the first collects call-site states, the second uses them as entries.

@@ -308,12 +308,23 @@ def missing_zero_grad(facts: Facts) -> Iterator[Hit]:
         )
 
 
-def _blocks(tree: ast.AST) -> Iterator[list[ast.stmt]]:
-    for node in ast.walk(tree):
-        for name in ("body", "orelse", "finalbody"):
-            block = getattr(node, name, None)
-            if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
-                yield block
+def _block_of(facts: Facts, stmt: ast.stmt) -> list[ast.stmt] | None:
+    """The statement list that directly contains `stmt`."""
+    parent = facts.parents.get(stmt)
+    for name in ("body", "orelse", "finalbody"):
+        block = getattr(parent, name, None)
+        if isinstance(block, list) and any(item is stmt for item in block):
+            return block
+    return None
+
+
+def _zero_grad_statements(facts: Facts) -> Iterator[tuple[ast.Call, ast.stmt, list[ast.stmt]]]:
+    for call in facts.calls:
+        statement = facts.parents.get(call)
+        if facts.is_zero_grad(call) and isinstance(statement, ast.Expr):
+            block = _block_of(facts, statement)
+            if block is not None:
+                yield call, statement, block
 
 
 @rule(
@@ -345,33 +356,30 @@ def zero_grad_between_backward_and_step(facts: Facts) -> Iterator[Hit]:
     Clear gradients before the forward pass (start of the iteration), or after `step()`.
     The quick fix moves the call to the start of the block; it is unsafe.
     """
-    for block in _blocks(facts.tree):
-        for index, stmt in enumerate(block):
-            call = stmt.value if isinstance(stmt, ast.Expr) else None
-            if not isinstance(call, ast.Call) or not facts.is_zero_grad(call):
-                continue
-            cleared = facts.receiver(call)
-            cleared_key = facts.key(cleared)
-            clears_model = facts.is_kind(cleared, "model") or cleared_key == "self"
-            if not any(facts.node_reaches(s, facts.is_backward) for s in block[:index]):
-                continue
-            for later in block[index + 1 :]:
-                if facts.node_reaches(later, facts.is_backward):
-                    break
-                steps = [c for c in facts.calls_in(later) if facts.optimizer_of_step(c) is not None]
-                matched = [
-                    s
-                    for s in steps
-                    if clears_model or facts.key(facts.optimizer_of_step(s)) == cleared_key
-                ]
-                if matched:
-                    yield Hit(
-                        call,
-                        f"`{facts.source.segment(call)}` runs after backward() and before "
-                        f"`{facts.source.segment(matched[0])}`: the step sees no gradients",
-                        _move_to_block_start(facts, block, stmt),
-                    )
-                    break
+    for call, stmt, block in _zero_grad_statements(facts):
+        index = next(i for i, item in enumerate(block) if item is stmt)
+        cleared = facts.receiver(call)
+        cleared_key = facts.key(cleared)
+        clears_model = facts.is_kind(cleared, "model") or cleared_key == "self"
+        if not any(facts.node_reaches(s, facts.is_backward) for s in block[:index]):
+            continue
+        for later in block[index + 1 :]:
+            if facts.node_reaches(later, facts.is_backward):
+                break
+            steps = [c for c in facts.calls_in(later) if facts.optimizer_of_step(c) is not None]
+            matched = [
+                s
+                for s in steps
+                if clears_model or facts.key(facts.optimizer_of_step(s)) == cleared_key
+            ]
+            if matched:
+                yield Hit(
+                    call,
+                    f"`{facts.source.segment(call)}` runs after backward() and before "
+                    f"`{facts.source.segment(matched[0])}`: the step sees no gradients",
+                    _move_to_block_start(facts, block, stmt),
+                )
+                break
 
 
 def _move_to_block_start(facts: Facts, block: list[ast.stmt], stmt: ast.stmt) -> Fix | None:
@@ -392,7 +400,7 @@ TENSOR_USES = {"item", "detach", "cpu", "numpy", "backward", "to", "cuda", "toli
 def _loss_names(facts: Facts, scope: ast.AST) -> set[str]:
     """Names in `scope` that hold a loss tensor: assigned from a loss call, or backward()-ed."""
     names: set[str] = set()
-    loss_call_nodes = {lc.call for lc in facts.loss_calls}
+    loss_call_nodes = facts.loss_call_nodes
     for node in facts.walk_local(scope):
         if isinstance(node, ast.Call) and facts.method_name(node) == "backward" and not node.args:
             receiver = facts.receiver(node)
