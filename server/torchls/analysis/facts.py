@@ -19,6 +19,33 @@ from functools import cached_property
 from torchls.analysis.source import ParsedSource
 
 FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
+# Expression nodes that need no bookkeeping beyond parent/scope (and the call index).
+_PLAIN_TYPES = {
+    ast.Call,
+    ast.Name,
+    ast.Attribute,
+    ast.Constant,
+    ast.BinOp,
+    ast.Subscript,
+    ast.keyword,
+    ast.arg,
+    ast.arguments,
+    ast.Tuple,
+    ast.List,
+    ast.Dict,
+    ast.Compare,
+    ast.UnaryOp,
+    ast.BoolOp,
+    ast.JoinedStr,
+    ast.FormattedValue,
+    ast.Slice,
+    ast.Starred,
+    ast.comprehension,
+    ast.GeneratorExp,
+    ast.ListComp,
+    ast.alias,
+    ast.operator,
+}
 ScopeNode = ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
 
 MAX_DEPTH = 6
@@ -161,43 +188,70 @@ class Facts:
         self._calls_in: dict[ast.AST, list[ast.Call]] = {}
         self.scope_nodes: dict[ast.AST, list[ast.AST]] = {}
         self.calls_by_statement: dict[ast.stmt, list[ast.Call]] = {}
+        self.local_functions: dict[ast.AST, dict[str, FunctionNode]] = {}
+        self._called: dict[ast.Call, FunctionNode | None] = {}
+        self._kinds: dict[ast.AST, ObjectKind | None] = {}
         self._collect()
 
     # ------------------------------------------------------------------ collection (one walk)
     def _collect(self) -> None:
         # One iterative walk (deep nesting must not hit the recursion limit) that records
         # parents, scopes, bindings, calls and loops, and the statement each call belongs to.
+        # It is the hottest loop of the analysis, hence the inlined child iteration.
+        parents = self.parents
+        scope_nodes = self.scope_nodes
+        calls_by_statement = self.calls_by_statement
+        stmt_type, ast_type = ast.stmt, ast.AST
         Entry = tuple[ast.AST, ScopeNode, "ast.ClassDef | None", "ast.stmt | None"]
         stack: list[Entry] = [(self.tree, self.tree, None, None)]
         self.assignments[self.tree] = {}
-        self.scope_nodes[self.tree] = []
+        scope_nodes[self.tree] = []
         while stack:
             node, scope, klass, statement = stack.pop()
-            for child in ast.iter_child_nodes(node):
-                self.parents[child] = node
-                self.scope_nodes[scope].append(child)
-                child_scope, child_class = scope, klass
-                child_statement = child if isinstance(child, ast.stmt) else statement
-                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    self.scope_of_node[child] = scope
-                    self._register_function(child, klass)
-                    self.assignments[child] = {}
-                    self.scope_nodes[child] = []
-                    self._bind_parameters(child)
-                    child_scope, child_class = child, None
-                elif isinstance(child, ast.Lambda):
-                    self.assignments[child] = {}
-                    self.scope_nodes[child] = []
-                    child_scope = child
-                elif isinstance(child, ast.ClassDef):
-                    self._register_class(child)
-                    child_class = child
+            in_scope = scope_nodes[scope]
+            for field_name in node._fields:
+                if field_name == "ctx":
+                    continue
+                value = getattr(node, field_name, None)
+                if isinstance(value, list):
+                    children = value
+                elif isinstance(value, ast_type):
+                    children = (value,)
                 else:
-                    self.scope_of_node[child] = scope
-                    self._note(child, scope, klass)
-                    if isinstance(child, ast.Call) and statement is not None:
-                        self.calls_by_statement.setdefault(statement, []).append(child)
-                stack.append((child, child_scope, child_class, child_statement))
+                    continue
+                for child in children:
+                    if not isinstance(child, ast_type):
+                        continue
+                    parents[child] = node
+                    in_scope.append(child)
+                    child_type = type(child)
+                    if child_type in _PLAIN_TYPES:
+                        if child_type is ast.Call:
+                            self.calls.append(child)
+                            if statement is not None:
+                                calls_by_statement.setdefault(statement, []).append(child)
+                        stack.append((child, scope, klass, statement))
+                        continue
+                    child_scope, child_class = scope, klass
+                    child_statement = child if isinstance(child, stmt_type) else statement
+                    if child_type is ast.FunctionDef or child_type is ast.AsyncFunctionDef:
+                        self.scope_of_node[child] = scope
+                        self.local_functions.setdefault(scope, {}).setdefault(child.name, child)
+                        self._register_function(child, klass)
+                        self.assignments[child] = {}
+                        scope_nodes[child] = []
+                        self._bind_parameters(child)
+                        child_scope, child_class = child, None
+                    elif child_type is ast.Lambda:
+                        self.assignments[child] = {}
+                        scope_nodes[child] = []
+                        child_scope = child
+                    elif child_type is ast.ClassDef:
+                        self._register_class(child)
+                        child_class = child
+                    else:
+                        self._note(child, scope, klass)
+                    stack.append((child, child_scope, child_class, child_statement))
 
     def _register_function(self, node: FunctionNode, klass: ast.ClassDef | None) -> None:
         if klass is not None:
@@ -355,11 +409,14 @@ class Facts:
         several rules and the mode analysis ask about the same loops and statements."""
         cached = self._calls_in.get(node)
         if cached is None:
-            if isinstance(node, ast.stmt) and not hasattr(node, "body"):
-                # A simple statement: its calls were recorded during the single walk.
-                cached = list(self.calls_by_statement.get(node, ()))
-            elif node in self.scope_nodes:
+            if node in self.scope_nodes:
                 cached = [n for n in self.scope_nodes[node] if isinstance(n, ast.Call)]
+            elif isinstance(node, ast.stmt):
+                # Calls were indexed by their nearest statement during the single walk, so a
+                # compound statement is its own (header) calls plus its children's.
+                cached = list(self.calls_by_statement.get(node, ()))
+                for child in _child_statements(node):
+                    cached.extend(self.calls_in(child))
             else:
                 cached = [n for n in self.walk_local(node) if isinstance(n, ast.Call)]
             cached.sort(key=lambda c: (c.lineno, c.col_offset))
@@ -490,6 +547,10 @@ class Facts:
         """What kind of training object `expr` holds, or None if unknown."""
         if expr is None or depth > MAX_DEPTH:
             return None
+        if depth == 0:
+            if expr not in self._kinds:
+                self._kinds[expr] = self.kind_of(expr, 1)
+            return self._kinds[expr]
         if isinstance(expr, ast.Call):
             return self._kind_of_call(expr, depth)
         if isinstance(expr, (ast.Name, ast.Attribute)):
@@ -751,17 +812,18 @@ class Facts:
     # ------------------------------------------------------------------ functions and calls
     def called_function(self, call: ast.Call) -> FunctionNode | None:
         """The in-file function or method a call runs (`helper(...)`, `self.step(...)`)."""
+        if call in self._called:
+            return self._called[call]
+        found = self._resolve_called_function(call)
+        self._called[call] = found
+        return found
+
+    def _resolve_called_function(self, call: ast.Call) -> FunctionNode | None:
         func = call.func
         if isinstance(func, ast.Name):
-            found = self.functions.get(func.id)
-            if found is not None:
-                return found
-            # A nested function (an LBFGS closure, say) defined in the same scope.
-            assignment_scope = self.scope(call)
-            for node in self.walk_local(assignment_scope):
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == func.id:
-                    return node
-            return None
+            # A nested function (an LBFGS closure, say) shadows a module-level one.
+            nested = self.local_functions.get(self.scope(call), {}).get(func.id)
+            return nested or self.functions.get(func.id)
         if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
             if func.value.id == "self":
                 klass = self.enclosing_class(call)
@@ -877,6 +939,24 @@ class Facts:
             if not inner:
                 result.append(loop)
         return result
+
+
+def _child_statements(node: ast.stmt) -> Iterator[ast.stmt]:
+    """Statements nested directly in `node`'s blocks, not entering functions or classes."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return
+    for name in ("body", "orelse", "finalbody"):
+        for child in getattr(node, name, ()) or ():
+            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                yield child
+    for handler in getattr(node, "handlers", ()) or ():
+        for child in handler.body:
+            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                yield child
+    for case in getattr(node, "cases", ()) or ():
+        for child in case.body:
+            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                yield child
 
 
 def _unwrap_iterable(expr: ast.expr) -> ast.expr | None:

@@ -64,15 +64,22 @@ class ModeAnalysis:
             for node in facts.scope_nodes
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
         ]
-        # Two rounds: the first collects call-site states, the second uses them as entries.
-        for _ in range(2):
-            self.at_call.clear()
-            entries: dict[ast.AST, State] = {}
-            self._pending_entries = entries
-            self._interpret(facts.tree.body, {})
-            for function in functions:
-                self._interpret(function.body, self.entry.get(function, {}))
-            self.entry = entries
+        # Round one analyses everything from an unknown entry and collects call-site states;
+        # round two re-analyses only the functions that got an entry state from a caller.
+        entries: dict[ast.AST, State] = {}
+        self._pending_entries = entries
+        self._interpret(facts.tree.body, {})
+        for function in functions:
+            self._interpret(function.body, {})
+        self.entry = entries
+        self._pending_entries = {}
+        for function in functions:
+            entry = self.entry.get(function)
+            if not entry:
+                continue
+            for call in facts.calls_in(function):
+                self.at_call.pop(call, None)
+            self._interpret(function.body, entry)
 
     # ------------------------------------------------------------------ statements
     def _interpret(self, body: list[ast.stmt], state: State) -> State:
@@ -90,9 +97,13 @@ class ModeAnalysis:
             header = stmt.iter if isinstance(stmt, (ast.For, ast.AsyncFor)) else stmt.test
             state = self._expression(header, state)
             after_first = self._interpret(stmt.body, state)
-            second_entry = _union(state, _mark_back_edge(after_first))
-            after_second = self._interpret(stmt.body, second_entry)
-            exit_state = _union(state, after_second)
+            if after_first == state:
+                # The body changes no mode, so a second pass would see the same states.
+                exit_state = state
+            else:
+                second_entry = _union(state, _mark_back_edge(after_first))
+                after_second = self._interpret(stmt.body, second_entry)
+                exit_state = _union(state, after_second)
             return self._interpret(stmt.orelse, exit_state) if stmt.orelse else exit_state
         if isinstance(stmt, (ast.With, ast.AsyncWith)):
             for item in stmt.items:
@@ -209,6 +220,9 @@ class ModeAnalysis:
             return self._effects[function]
         if function in self._effect_stack or len(self._effect_stack) > 4:
             return {}
+        if not self.facts.function_reaches(function, _is_mode_call):
+            self._effects[function] = {}
+            return {}
         self._effect_stack.add(function)
         saved_calls = dict(self.at_call)
         saved_pending = self._pending_entries
@@ -227,6 +241,10 @@ class ModeAnalysis:
         effect = {key: facts_ for key, facts_ in end.items() if facts_ != sentinel}
         self._effects[function] = effect
         return effect
+
+
+def _is_mode_call(call: ast.Call) -> bool:
+    return isinstance(call.func, ast.Attribute) and call.func.attr in ("train", "eval")
 
 
 def analyse_modes(facts: Facts) -> ModeAnalysis:
