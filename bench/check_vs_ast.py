@@ -18,9 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from corpus import write_corpus  # noqa: E402
+from corpus import write_corpus
 
-from torchls.analysis import analyze  # noqa: E402
+from torchls.analysis import analyze
 
 
 def median_seconds(action, repeat: int) -> float:
@@ -41,11 +41,14 @@ def main() -> None:
         paths = write_corpus(Path(folder), options.files)
         sources = [path.read_bytes() for path in paths]
         lines = sum(source.count(b"\n") for source in sources)
-        findings = sum(len(analyze(s, str(p)).findings) for s, p in zip(sources, paths))
+        findings = sum(
+            len(analyze(s, str(p)).findings) for s, p in zip(sources, paths, strict=True)
+        )
 
         parse = median_seconds(lambda: [ast.parse(s) for s in sources], options.repeat)
         check = median_seconds(
-            lambda: [analyze(s, str(p)) for s, p in zip(sources, paths)], options.repeat
+            lambda: [analyze(s, str(p)) for s, p in zip(sources, paths, strict=True)],
+            options.repeat,
         )
         cli = median_seconds(
             lambda: subprocess.run(

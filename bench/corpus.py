@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 '''
 
-MODEL = '''
+MODEL = """
 
 class {Model}(nn.Module):
     def __init__(self, in_features: int = {width}, num_classes: int = {classes}) -> None:
@@ -41,9 +41,9 @@ class {Model}(nn.Module):
         if self.training:
             features = features + 0.01 * torch.randn_like(features)
         return self.head(features)
-'''
+"""
 
-TRAIN = '''
+TRAIN = """
 
 def train_{name}(model, {loader}, {optimizer}, scheduler, epochs: int = {epochs}):
     criterion = nn.CrossEntropyLoss(label_smoothing={smoothing})
@@ -65,9 +65,9 @@ def train_{name}(model, {loader}, {optimizer}, scheduler, epochs: int = {epochs}
                 confidence = probabilities.max(dim=-1).values.mean().item()
                 history.append((epoch, step, running_loss / (step + 1), confidence))
     return history
-'''
+"""
 
-EVAL = '''
+EVAL = """
 
 @torch.no_grad()
 def evaluate_{name}(model, {val_loader}):
@@ -80,9 +80,9 @@ def evaluate_{name}(model, {val_loader}):
         total += {targets}.numel()
     model.train()
     return loss_sum / max(total, 1), correct / max(total, 1)
-'''
+"""
 
-AMP = '''
+AMP = """
 
 def train_amp_{name}(model, {loader}, {optimizer}, device: str = "cpu"):
     scaler = torch.amp.GradScaler(enabled=device == "cuda")
@@ -100,9 +100,9 @@ def train_amp_{name}(model, {loader}, {optimizer}, device: str = "cpu"):
         scaler.update()
         losses.append(loss.detach())
     return torch.stack(losses).mean().item()
-'''
+"""
 
-GAN = '''
+GAN = """
 
 def gan_step_{name}(generator, discriminator, real, opt_g, opt_d, latent: int = {width}):
     noise = torch.randn(real.size(0), latent)
@@ -120,9 +120,9 @@ def gan_step_{name}(generator, discriminator, real, opt_g, opt_d, latent: int = 
     g_loss.backward()
     opt_g.step()
     return d_loss.item(), g_loss.item()
-'''
+"""
 
-CHECKPOINT = '''
+CHECKPOINT = """
 
 def save_checkpoint_{name}(model, {optimizer}, scheduler, args, epoch: int, path: str):
     torch.save(
@@ -142,9 +142,9 @@ def load_checkpoint_{name}(model, {optimizer}, path: str, device: str = "cpu"):
     model.load_state_dict(checkpoint["model"])
     {optimizer}.load_state_dict(checkpoint["optimizer"])
     return checkpoint["epoch"]
-'''
+"""
 
-BUGGY = '''
+BUGGY = """
 
 def quick_train_{name}(model, {loader}, {optimizer}):
     criterion = nn.CrossEntropyLoss()
@@ -157,9 +157,9 @@ def quick_train_{name}(model, {loader}, {optimizer}):
         epoch_losses.append(loss)
     state = torch.load("last.pt")
     return epoch_losses, state
-'''
+"""
 
-MAIN = '''
+MAIN = """
 
 def main_{name}():
     parser = argparse.ArgumentParser()
@@ -178,7 +178,7 @@ def main_{name}():
     history = train_{name}(model, {loader}, {optimizer}, scheduler, args.epochs)
     print(evaluate_{name}(model, {val_loader}), len(history))
     save_checkpoint_{name}(model, {optimizer}, scheduler, args, args.epochs, "run.pt")
-'''
+"""
 
 NAMES = {
     "loader": ["train_loader", "loader", "train_dl", "dataloader"],

@@ -1,4 +1,4 @@
-"""Allows `python -m torchls ...` (what editors use to start the server with a chosen interpreter)."""
+"""`python -m torchls ...`: how editors start the server with a chosen interpreter."""
 
 from torchls.cli import main
 

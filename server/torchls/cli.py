@@ -1,26 +1,329 @@
-"""The `torchls` command line: `check`, `rule`, `server`.
+"""The `torchls` command line: `check`, `rule`, `server`, `--version`.
 
-(Minimal entry point; the full checker is being built.)
+In: argv. Out: text or JSON on stdout, problems on stderr, and an exit code users script
+against: 0 clean, 1 findings, 2 usage error or a file that could not be read (the others are
+still reported). Parsing options and choosing exit codes lives here; finding and checking files
+is `torchls.checker`, rendering is `torchls.output`.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import os
 import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
 
-from torchls import __version__
+from torchls import __version__, output
+from torchls.analysis import Rule, all_rules, get_rule
+from torchls.checker import (
+    CheckOptions,
+    ConfigResolver,
+    FileReport,
+    check_paths,
+    check_stdin,
+    config_warnings,
+    discover,
+    unknown_selectors,
+)
+from torchls.config import ConfigError
+
+EXIT_CLEAN = 0
+EXIT_FINDINGS = 1
+EXIT_ERROR = 2
+
+OUTPUT_FORMATS = ("text", "json", "sarif", "github")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="torchls")
-    parser.add_argument("--version", action="version", version=f"torchls {__version__}")
-    commands = parser.add_subparsers(dest="command")
-    commands.add_parser("server", help="run the language server on stdio")
+class UsageError(Exception):
+    """A problem with what the user asked for; printed as `torchls: error: ...`, exit 2."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "server":
-        from torchls.lsp import start_stdio
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_ERROR
+    try:
+        return args.handler(args)
+    except UsageError as error:
+        _error(str(error))
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130  # the shell convention for "stopped by Ctrl-C"
+    except BrokenPipeError:
+        # `torchls check | head`: the reader went away. Point stdout at /dev/null so the
+        # interpreter's final flush does not raise a second time.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_ERROR
 
-        start_stdio()
-        return 0
-    parser.print_help(sys.stderr)
-    return 2
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="torchls",
+        description="Find the bugs that make PyTorch training silently wrong.",
+    )
+    parser.add_argument("--version", action="version", version=f"torchls {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_check(commands)
+    _add_rule(commands)
+    server = commands.add_parser("server", help="run the language server on stdio")
+    # vscode-languageclient appends --stdio for the stdio transport; stdio is all we speak.
+    server.add_argument("--stdio", action="store_true", help=argparse.SUPPRESS)
+    server.set_defaults(handler=run_server)
+    return parser
+
+
+def _add_check(commands: argparse._SubParsersAction) -> None:
+    check = commands.add_parser(
+        "check",
+        help="check files or folders",
+        description="Check Python files for PyTorch training bugs. "
+        "Exit status: 0 clean, 1 findings, 2 usage error or unreadable file.",
+    )
+    check.add_argument("paths", nargs="*", metavar="PATH", help="files or folders ('-' = stdin)")
+    check.add_argument("--output-format", choices=OUTPUT_FORMATS, default="text")
+    for flag, what in (
+        ("--select", "enable only these codes or prefixes (replaces the config's select)"),
+        ("--ignore", "disable these codes or prefixes"),
+        ("--extend-select", "enable these codes or prefixes in addition"),
+    ):
+        check.add_argument(flag, action="append", metavar="CODES", help=f"{what}; comma list")
+    check.add_argument("--fix", action="store_true", help="apply safe fixes, rewriting files")
+    check.add_argument(
+        "--unsafe-fixes",
+        action="store_true",
+        help="with --fix also apply unsafe fixes; alone, show them as fixable",
+    )
+    check.add_argument("--exit-zero", action="store_true", help="exit 0 even with findings")
+    check.add_argument("--statistics", action="store_true", help="show counts per rule")
+    check.add_argument("--config", type=Path, metavar="PYPROJECT", help="use this pyproject.toml")
+    check.add_argument("--stdin-filename", metavar="PATH", help="the name of the file on stdin")
+    _add_color(check)
+    check.set_defaults(handler=run_check)
+
+
+def _add_rule(commands: argparse._SubParsersAction) -> None:
+    rule = commands.add_parser("rule", help="explain a rule, or list them all")
+    rule.add_argument("code", nargs="?", help="a rule code (TL101) or name")
+    rule.add_argument("--all", action="store_true", help="list every rule")
+    rule.add_argument("--output-format", choices=("text", "json"), default="text")
+    _add_color(rule)
+    rule.set_defaults(handler=run_rule)
+
+
+def _add_color(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--color",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="colour output (auto: when stdout is a terminal and NO_COLOR is unset)",
+    )
+
+
+# --- check -----------------------------------------------------------------------------------
+
+
+def run_check(args: argparse.Namespace) -> int:
+    options = CheckOptions(
+        select=_codes(args.select),
+        ignore=_codes(args.ignore) or (),
+        extend_select=_codes(args.extend_select) or (),
+        fix=args.fix,
+        unsafe_fixes=args.unsafe_fixes,
+    )
+    for flag, codes in (
+        ("--select", options.select),
+        ("--ignore", options.ignore),
+        ("--extend-select", options.extend_select),
+    ):
+        _reject_unknown(flag, unknown_selectors(codes or ()))
+    # Like ruff, --stdin-filename without paths means "read stdin".
+    paths = args.paths or (["-"] if args.stdin_filename else ["."])
+    if "-" in paths and len(paths) > 1:
+        raise UsageError("'-' (stdin) cannot be combined with other paths")
+    try:
+        resolver = ConfigResolver(args.config)
+        reports, failed = _collect(paths, args, resolver, options)
+        _warn_config(resolver)
+    except ConfigError as error:
+        raise UsageError(str(error)) from None
+    stdout: TextIO = sys.stdout
+    if paths == ["-"] and args.fix:
+        # Like ruff: the fixed source goes to stdout, the report to stderr.
+        stdout = sys.stderr
+        sys.stdout.write(reports[0].fixed_text or "")
+    _report_problems(reports)
+    checked = [r for r in reports if r.error is None]
+    style = output.Style(_use_colour(args.color, stdout))
+    stdout.write(_render(checked, args, style))
+    findings = sum(len(r.findings) for r in checked)
+    if failed or any(r.error for r in reports):
+        return EXIT_ERROR
+    return EXIT_FINDINGS if findings and not args.exit_zero else EXIT_CLEAN
+
+
+def _collect(
+    paths: list[str], args: argparse.Namespace, resolver: ConfigResolver, options: CheckOptions
+) -> tuple[list[FileReport], bool]:
+    """Check everything named; returns the reports and whether any path was missing."""
+    if paths == ["-"]:
+        data = sys.stdin.buffer.read()
+        return [check_stdin(data, args.stdin_filename, resolver, options)], False
+    found = discover(paths, resolver)
+    for missing in found.missing:
+        _error(f"path not found: {missing}")
+    if not found.files and not found.missing and not found.unreadable:
+        _warn("no Python files found under the given paths")
+    reports = [*found.unreadable, *check_paths(found.files, resolver, options)]
+    # One order whatever order the paths were given in, so outputs diff cleanly between runs.
+    reports.sort(key=lambda report: report.display)
+    return reports, bool(found.missing)
+
+
+def _warn_config(resolver: ConfigResolver) -> None:
+    """Report unknown codes in each config file that was used, once per file."""
+    for config in resolver.configs():
+        for line in config_warnings(config):
+            print(line, file=sys.stderr)
+
+
+def _render(reports: list[FileReport], args: argparse.Namespace, style: output.Style) -> str:
+    unsafe = args.unsafe_fixes
+    if args.statistics:
+        stats = output.statistics(reports, unsafe)
+        if args.output_format == "json":
+            return output.json_statistics(stats)
+        body = output.text_statistics(stats, style)
+        return body + output.text_summary(reports, args.fix, unsafe, style)
+    if args.output_format == "json":
+        return output.json_findings(reports)
+    if args.output_format == "sarif":
+        return output.sarif_findings(reports)
+    if args.output_format == "github":
+        return output.github_findings(reports)
+    body = output.text_findings(reports, unsafe, style)
+    return body + output.text_summary(reports, args.fix, unsafe, style)
+
+
+def _report_problems(reports: list[FileReport]) -> None:
+    """Unreadable files, syntax errors and fix trouble, on stderr so stdout stays parseable."""
+    for report in reports:
+        if report.error is not None:
+            print(f"{report.display}: error: {report.error}", file=sys.stderr)
+            continue
+        for problem in report.syntax_errors[:1]:
+            rest = (
+                "the file could not be parsed, nothing was checked"
+                if report.nothing_parsed
+                else "rest of the file was still checked"
+            )
+            print(
+                f"{report.display}:{problem.row}:{problem.column + 1}: warning: "
+                f"syntax error: {problem.message} ({rest})",
+                file=sys.stderr,
+            )
+        for note in report.notes:
+            print(f"{report.display}: warning: {note}", file=sys.stderr)
+
+
+def _codes(values: list[str] | None) -> tuple[str, ...] | None:
+    """`--select TL1,TL2 --select TL3` → ("TL1", "TL2", "TL3"); None when not given."""
+    if values is None:
+        return None
+    return tuple(code.strip() for value in values for code in value.split(",") if code.strip())
+
+
+def _reject_unknown(flag: str, unknown: list[str]) -> None:
+    if unknown:
+        hint = _closest_rule(unknown[0])
+        raise UsageError(f"unknown rule selector {unknown[0]!r} in {flag}{hint}")
+
+
+# --- rule ------------------------------------------------------------------------------------
+
+
+def run_rule(args: argparse.Namespace) -> int:
+    style = output.Style(_use_colour(args.color, sys.stdout))
+    if args.all:
+        if args.code:
+            raise UsageError("give either a rule code or --all, not both")
+        rules = all_rules()
+        if args.output_format == "json":
+            sys.stdout.write(output.dumps([output.rule_json(r) for r in rules]))
+        else:
+            sys.stdout.write(output.rules_table(rules, style))
+        return EXIT_CLEAN
+    if not args.code:
+        raise UsageError("give a rule code (torchls rule TL101) or --all")
+    rule = get_rule(args.code) or _rule_by_name(args.code)
+    if rule is None:
+        raise UsageError(f"unknown rule {args.code!r}{_closest_rule(args.code)}")
+    if args.output_format == "json":
+        sys.stdout.write(output.dumps(output.rule_json(rule)))
+    else:
+        sys.stdout.write(output.rule_doc(rule, style))
+    return EXIT_CLEAN
+
+
+def _rule_by_name(name: str) -> Rule | None:
+    return next((r for r in all_rules() if r.name == name.strip().lower()), None)
+
+
+def _closest_rule(wanted: str) -> str:
+    """'; did you mean TL106 (class-targets-cast-to-float)?' — by spelling, else by number."""
+    rules = all_rules()
+    if not rules:
+        return ""
+    by_key = {r.code: r for r in rules} | {r.name: r for r in rules}
+    close = difflib.get_close_matches(wanted.strip(), list(by_key), n=1, cutoff=0.75)
+    if close:
+        best = by_key[close[0]]
+    else:
+        best = min(rules, key=lambda r: _code_distance(wanted.strip().upper(), r.code))
+    return f"; did you mean {best.code} ({best.name})? 'torchls rule --all' lists every rule"
+
+
+def _code_distance(wanted: str, code: str) -> tuple[int, int]:
+    """Longer shared prefix first, then the nearest number (TL107 → TL106, TL999 → TL303)."""
+    shared = next(
+        (i for i, (a, b) in enumerate(zip(wanted, code, strict=False)) if a != b),
+        min(len(wanted), len(code)),
+    )
+    digits = "".join(ch for ch in wanted if ch.isdigit())
+    number = int(digits) if digits else 0
+    code_number = int("".join(ch for ch in code if ch.isdigit()) or 0)
+    return (-shared, abs(number - code_number))
+
+
+# --- server ----------------------------------------------------------------------------------
+
+
+def run_server(args: argparse.Namespace) -> int:
+    # Imported lazily: pygls is heavy and `check` must not pay for it.
+    from torchls.lsp import start_stdio
+
+    start_stdio()
+    return EXIT_CLEAN
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _use_colour(choice: str, stream: TextIO) -> bool:
+    if choice != "auto":
+        return choice == "always"
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    return hasattr(stream, "isatty") and stream.isatty()
+
+
+def _error(message: str) -> None:
+    print(f"torchls: error: {message}", file=sys.stderr)
+
+
+def _warn(message: str) -> None:
+    print(f"torchls: warning: {message}", file=sys.stderr)

@@ -91,7 +91,16 @@ def _read_toml(path: Path, mtime: float) -> dict[str, Any]:
 def _has_torchls_table(path: Path) -> bool:
     try:
         data = _read_toml(path, path.stat().st_mtime)
-    except (OSError, tomllib.TOMLDecodeError):
+    except OSError:
+        return False
+    except tomllib.TOMLDecodeError as error:
+        # A broken file that meant to configure us must not silently fall back to defaults.
+        try:
+            mentions_us = b"[tool.torchls" in path.read_bytes()
+        except OSError:
+            mentions_us = False
+        if mentions_us:
+            raise ConfigError(f"{path}: invalid TOML: {error}") from None
         return False
     return isinstance(data.get("tool", {}).get("torchls"), dict)
 
@@ -108,11 +117,21 @@ def load_config(start: str | Path) -> ProjectConfig:
     path = find_pyproject(Path(start))
     if path is None:
         return ProjectConfig()
+    return load_config_file(path)
+
+
+def load_config_file(path: str | Path) -> ProjectConfig:
+    """The `[tool.torchls]` table of one named pyproject.toml (defaults when it has none)."""
+    path = Path(path).resolve()
     try:
         data = _read_toml(path, path.stat().st_mtime)
     except (OSError, tomllib.TOMLDecodeError) as error:
         raise ConfigError(f"{path}: cannot read: {error}") from None
-    table = data["tool"]["torchls"]
+    table = data.get("tool", {}).get("torchls")
+    if table is None:
+        return ProjectConfig(path=path)
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [tool.torchls] must be a table")
     unknown = sorted(set(table) - KNOWN_KEYS)
     if unknown:
         raise ConfigError(

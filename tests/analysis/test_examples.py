@@ -28,7 +28,7 @@ def planted(path: Path) -> set[tuple[int, str]]:
 
 @pytest.mark.parametrize("example", sorted(EXAMPLES.glob("*.py")), ids=lambda p: p.name)
 def test_example_findings_are_exactly_the_planted_bugs(example: Path) -> None:
-    # noqa markers are disabled so a planted bug cannot hide behind a suppression comment.
+
     found = {
         (finding.span.start.row, finding.code)
         for finding in analyze(example.read_bytes(), str(example), respect_noqa=False).findings

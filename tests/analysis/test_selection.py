@@ -34,3 +34,21 @@ def test_add_code_to_noqa_line() -> None:
     assert add_code_to_line("x = f(y)  # noqa: TL302", "TL101") == "x = f(y)  # noqa: TL302, TL101"
     assert add_code_to_line("x = f(y)  # noqa", "TL101") == "x = f(y)  # noqa"
     assert add_code_to_line("x = f(y)  # noqa: TL101", "TL101") == "x = f(y)  # noqa: TL101"
+
+
+def test_broken_pyproject_that_configures_torchls_is_an_error(tmp_path) -> None:
+    import pytest
+
+    from torchls.config import ConfigError, load_config
+
+    (tmp_path / "pyproject.toml").write_text('[tool.torchls]\nselect = ["TL1"\n')
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        load_config(tmp_path / "train.py")
+
+
+def test_named_config_file_without_table_gives_defaults(tmp_path) -> None:
+    from torchls.config import load_config_file
+
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    config = load_config_file(tmp_path / "pyproject.toml")
+    assert config.select is None and config.selection().enabled("TL101")

@@ -1,4 +1,4 @@
-"""The analysis survives anything an editor or a repository can hand it, and keeps positions right."""
+"""The analysis survives any input an editor or a repository hands it; positions stay right."""
 
 from __future__ import annotations
 

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from tests.rules.golden import fixture_files
-
 from torchls.analysis import analyze
 from torchls.analysis.fixes import apply_fixes, fixes_to_apply
 
@@ -26,7 +25,9 @@ def _cases() -> list[tuple[Path, int]]:
 @pytest.mark.parametrize(
     ("fixture", "index"),
     _cases(),
-    ids=lambda value: f"{value.parent.name}/{value.stem}" if isinstance(value, Path) else str(value),
+    ids=lambda value: (
+        f"{value.parent.name}/{value.stem}" if isinstance(value, Path) else str(value)
+    ),
 )
 def test_single_fix_removes_its_finding(fixture: Path, index: int) -> None:
     text = fixture.read_text()

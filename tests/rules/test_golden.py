@@ -10,14 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.rules.golden import FIXTURES, fixture_files, findings_for, rendered
-
+from tests.rules.golden import FIXTURES, findings_for, fixture_files, rendered
 from torchls.analysis import all_rules
 
 
-@pytest.mark.parametrize(
-    "fixture", fixture_files(), ids=lambda p: f"{p.parent.name}/{p.name}"
-)
+@pytest.mark.parametrize("fixture", fixture_files(), ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_fixture_matches_expected(fixture: Path) -> None:
     expected_file = fixture.with_suffix(".expected")
     assert expected_file.exists(), f"missing {expected_file.name} next to {fixture.name}"

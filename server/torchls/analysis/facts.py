@@ -56,10 +56,14 @@ MODEL_NAME_RE = re.compile(
     r"student|teacher|.+_model|model_.+|.+_net|.+net)$",
     re.IGNORECASE,
 )
-OPTIMIZER_NAME_RE = re.compile(r"^(opt|optim|optimi[sz]er|.+_optimi[sz]er|optimi[sz]er_.+|opt_.+|.+_opt)$")
+OPTIMIZER_NAME_RE = re.compile(
+    r"^(opt|optim|optimi[sz]er|.+_optimi[sz]er|optimi[sz]er_.+|opt_.+|.+_opt)$"
+)
 LOADER_NAME_RE = re.compile(r"(loader|^dl$|_dl$|^dl_|batches$|^batch_iter)", re.IGNORECASE)
 LOSS_NAME_RE = re.compile(r"^(criterion|loss_fn|loss_func|lossfn|.+_criterion|criterion_.+)$")
-EVAL_ROLE_RE = re.compile(r"(^|_)(val|valid|validation|test|eval|evaluation|dev|holdout)(_|$|loader|set)")
+EVAL_ROLE_RE = re.compile(
+    r"(^|_)(val|valid|validation|test|eval|evaluation|dev|holdout)(_|$|loader|set)"
+)
 EVAL_FUNCTION_RE = re.compile(
     r"^_?(validate|validation|evaluate|evaluation|eval|test|val|valid|run_eval|run_validation|"
     r"run_test|evaluate_.+|validate_.+|eval_.+|.+_eval|.+_evaluate|.+_validation|.+_validate|"
@@ -494,8 +498,10 @@ class Facts:
             before = [
                 a
                 for a in candidates
-                if (a.stmt.lineno, a.stmt.col_offset) < use_position
-                and not self.is_inside(name, a.stmt)
+                if (
+                    (a.stmt.lineno, a.stmt.col_offset) < use_position
+                    and not self.is_inside(name, a.stmt)
+                )
                 or (a.loop is not None and self.is_inside(name, a.loop))
             ]
             if table_scope is not scope:

@@ -53,8 +53,7 @@ def apply_fixes(text: str, fixes: Iterable[Fix]) -> tuple[str, int]:
             for e in fix.edits
         ]
         if any(
-            start < other_end and other_start < end
-            or (start == end == other_start == other_end)
+            (start < other_end and other_start < end) or (start == end == other_start == other_end)
             for start, end, _ in ranges
             for other_start, other_end, _ in accepted
         ):

@@ -102,10 +102,9 @@ def loss_kind_of_call(facts: Facts, call: ast.Call) -> tuple[str, ast.Call | Non
         return (name, None) if name else None
     if qualname in ("torch.binary_cross_entropy_with_logits",):
         return ("BCEWithLogitsLoss", None)
-    if isinstance(call.func, ast.Call):
-        kind = facts.kind_of(call.func)
-    elif isinstance(call.func, (ast.Name, ast.Attribute)) and facts.method_name(call) not in (
-        "forward",
+    if isinstance(call.func, ast.Call) or (
+        isinstance(call.func, (ast.Name, ast.Attribute))
+        and facts.method_name(call) not in ("forward",)
     ):
         kind = facts.kind_of(call.func)
     else:

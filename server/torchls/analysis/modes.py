@@ -157,7 +157,7 @@ class ModeAnalysis:
                 mode = "train" if flag.value else "eval"
             return {**state, receiver_key: frozenset({ModeFact(mode, call)})}
         called_key = facts.key(call.func)
-        if called_key is not None and called_key in state or self._is_model_call(call):
+        if (called_key is not None and called_key in state) or self._is_model_call(call):
             key = called_key or ""
             self.at_call[call] = self.at_call.get(call, frozenset()) | state.get(key, UNKNOWN)
         function = facts.called_function(call)
@@ -192,7 +192,7 @@ class ModeAnalysis:
         mapping = self._parameter_map(call, function)
         entry = {param: state[key] for key, param in mapping.items() if key in state}
         for key, facts_ in state.items():
-            if key.startswith("self.") or "." not in key and key not in mapping:
+            if key.startswith("self.") or ("." not in key and key not in mapping):
                 entry.setdefault(key, facts_)
         pending = self._pending_entries.setdefault(function, {})
         self._pending_entries[function] = _union(pending, entry) if pending else entry

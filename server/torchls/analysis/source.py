@@ -155,5 +155,3 @@ def _next_row_to_blank(working: list[str], row: int, blanked: set[int]) -> int |
     if row in blanked:
         return None
     return row
-
-

@@ -155,15 +155,23 @@ def checkpoint_config_not_plain_data(facts: Facts) -> Iterator[Hit]:
             fix = None
             applicability = "unsafe" if unsafe_loading else "safe"
             if kind == "namespace":
-                fix = Fix(applicability, f"Store `vars({text})`", (  # type: ignore[arg-type]
-                    replace_node(facts, value, f"vars({text})"),
-                ))
+                fix = Fix(
+                    applicability,
+                    f"Store `vars({text})`",
+                    (  # type: ignore[arg-type]
+                        replace_node(facts, value, f"vars({text})"),
+                    ),
+                )
             elif kind == "dataclass":
                 asdict, import_edits = _asdict_spelling(facts)
-                fix = Fix(applicability, f"Store `{asdict}({text})`", (  # type: ignore[arg-type]
-                    *import_edits,
-                    replace_node(facts, value, f"{asdict}({text})"),
-                ))
+                fix = Fix(
+                    applicability,
+                    f"Store `{asdict}({text})`",
+                    (  # type: ignore[arg-type]
+                        *import_edits,
+                        replace_node(facts, value, f"{asdict}({text})"),
+                    ),
+                )
             yield Hit(
                 value,
                 f"checkpoint stores `{text}` ({class_name} object), which "
@@ -213,9 +221,11 @@ def load_without_map_location(facts: Facts) -> Iterator[Hit]:
             call,
             "`torch.load` without `map_location`: a checkpoint saved on GPU fails to load on a "
             "CPU-only machine",
-            Fix("unsafe", 'Add `map_location="cpu"`', (
-                insert_at(row, column, ', map_location="cpu"'),
-            )),
+            Fix(
+                "unsafe",
+                'Add `map_location="cpu"`',
+                (insert_at(row, column, ', map_location="cpu"'),),
+            ),
         )
 
 

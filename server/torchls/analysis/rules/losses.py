@@ -22,7 +22,7 @@ ACTIVATION_OF_MODULE = {"Softmax": "softmax", "LogSoftmax": "log_softmax", "Sigm
 
 
 def activation_of(facts: Facts, origin: Origin, depth: int = 0) -> str | None:
-    """"softmax", "log_softmax" or "sigmoid" when `origin` computes that activation."""
+    """ "softmax", "log_softmax" or "sigmoid" when `origin` computes that activation."""
     node = origin.node
     if origin.module_output and isinstance(node, ast.Call):
         return ACTIVATION_OF_MODULE.get(facts.short_name(node))
@@ -94,11 +94,14 @@ def related_for(facts: Facts, origins: list[Origin], what: str) -> tuple[Related
 
 def _unchanged_between(facts: Facts, name: str, scope: ast.AST, start: int, end: int) -> bool:
     return not any(
-        start < a.stmt.lineno <= end for a in facts.assignments_of(name, scope)  # type: ignore[arg-type]
+        start < a.stmt.lineno <= end
+        for a in facts.assignments_of(name, scope)  # type: ignore[arg-type]
     )
 
 
-def pass_logits_fix(facts: Facts, argument: ast.expr, origins: list[Origin], what: str) -> Fix | None:
+def pass_logits_fix(
+    facts: Facts, argument: ast.expr, origins: list[Origin], what: str
+) -> Fix | None:
     """Replace the activated argument with the tensor the activation was applied to, when the
     activation is local: the argument itself, or a local variable assigned from it whose input
     is a name not rebound since."""
@@ -111,9 +114,11 @@ def pass_logits_fix(facts: Facts, argument: ast.expr, origins: list[Origin], wha
     if logits is None:
         return None
     if activation is argument:
-        return Fix("safe", f"Pass the logits instead of the {what} output", (
-            replace_node(facts, argument, facts.source.segment(logits)),
-        ))
+        return Fix(
+            "safe",
+            f"Pass the logits instead of the {what} output",
+            (replace_node(facts, argument, facts.source.segment(logits)),),
+        )
     if not (isinstance(argument, ast.Name) and isinstance(logits, ast.Name)):
         return None
     assignment = facts.reaching_assignment(argument)
@@ -124,9 +129,11 @@ def pass_logits_fix(facts: Facts, argument: ast.expr, origins: list[Origin], wha
         return None
     if not _unchanged_between(facts, logits.id, scope, activation.lineno, argument.lineno):
         return None
-    return Fix("safe", f"Pass `{logits.id}` (the logits) instead of the {what} output", (
-        replace_node(facts, argument, logits.id),
-    ))
+    return Fix(
+        "safe",
+        f"Pass `{logits.id}` (the logits) instead of the {what} output",
+        (replace_node(facts, argument, logits.id),),
+    )
 
 
 def _input_rule(

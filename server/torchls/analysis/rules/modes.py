@@ -16,6 +16,7 @@ from torchls.analysis.rules._edits import (
     insert_line_before,
 )
 
+
 def modes_of(facts: Facts) -> ModeAnalysis:
     """The mode analysis of this file, computed once and shared by TL201-TL203."""
     cached = getattr(facts, "_mode_analysis", None)
@@ -48,7 +49,9 @@ def evaluation_context(facts: Facts, call: ast.Call) -> ast.AST | None:
 def _model_calls_in_eval(facts: Facts) -> Iterator[tuple[ast.Call, ast.AST, str, frozenset]]:
     seen: set[tuple[int, str]] = set()
     analysis = modes_of(facts)
-    for call, modes in sorted(analysis.at_call.items(), key=lambda i: (i[0].lineno, i[0].col_offset)):
+    for call, modes in sorted(
+        analysis.at_call.items(), key=lambda i: (i[0].lineno, i[0].col_offset)
+    ):
         context = evaluation_context(facts, call)
         key = facts.key(call.func)
         if context is None or key is None:
@@ -94,7 +97,9 @@ def eval_without_eval_mode(facts: Facts) -> Iterator[Hit]:
         if not modes or any(fact.mode != "train" for fact in modes):
             continue
         edits = [insert_line_before(facts, context, f"{key}.eval()")]  # type: ignore[arg-type]
-        if any(facts.node_reaches(outer, facts.is_backward) for outer in facts.enclosing_loops(context)):
+        if any(
+            facts.node_reaches(outer, facts.is_backward) for outer in facts.enclosing_loops(context)
+        ):
             # Evaluation inside the training loop: switch back, or the next epoch trains in
             # eval mode (TL203).
             edits.append(insert_line_after(facts, context, f"{key}.train()"))  # type: ignore[arg-type]
@@ -553,7 +558,13 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
                 fix = Fix(
                     applicability,  # type: ignore[arg-type]
                     f"Accumulate `{loss.id}.item()`",
-                    (insert_at(loss.end_lineno, facts.source.column(loss.end_lineno, loss.end_col_offset), ".item()"),),  # type: ignore[arg-type]
+                    (
+                        insert_at(
+                            loss.end_lineno,
+                            facts.source.column(loss.end_lineno, loss.end_col_offset),
+                            ".item()",
+                        ),
+                    ),  # type: ignore[arg-type]
                 )
             yield Hit(
                 node,

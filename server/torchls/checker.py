@@ -1,0 +1,392 @@
+"""Checking many files: discovery, configuration per file, analysis and applying fixes.
+
+In: the paths the user named (files, folders or `-` for stdin) and the command-line rule
+options. Out: one `FileReport` per file (findings, syntax problems, or why it could not be read)
+plus the paths that did not exist. Printing is `torchls.output`'s job; the analysis itself is
+`torchls.analysis`'s. This module owns only the plumbing between the two and the disk.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import io
+import os
+import sys
+import tokenize
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from torchls.analysis import AnalysisResult, Finding, SyntaxProblem, all_rules, analyze
+from torchls.analysis.fixes import apply_fixes, fixes_to_apply
+from torchls.analysis.selection import normalise_selectors
+from torchls.config import ConfigError, ProjectConfig, find_pyproject, load_config
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+# Folders that hold other people's code or build output; checking them is noise and slow.
+SKIPPED_DIRS = frozenset(
+    {
+        ".git",
+        ".hg",
+        ".svn",
+        ".venv",
+        "venv",
+        ".tox",
+        ".nox",
+        ".eggs",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        "node_modules",
+        "__pycache__",
+        "build",
+        "dist",
+        "site-packages",
+    }
+)
+MAX_FIX_PASSES = 5
+STDIN = "-"
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    """What the command line asks for, beyond the paths."""
+
+    select: tuple[str, ...] | None = None
+    ignore: tuple[str, ...] = ()
+    extend_select: tuple[str, ...] = ()
+    fix: bool = False
+    unsafe_fixes: bool = False
+
+
+@dataclass
+class FileReport:
+    """The outcome for one file. `error` set means it could not be analysed at all."""
+
+    display: str  # the path as shown to the user (relative, as they spelled it)
+    filename: str  # the absolute path (or "-" for unnamed stdin), for machine output
+    findings: list[Finding] = field(default_factory=list)
+    syntax_errors: list[SyntaxProblem] = field(default_factory=list)
+    nothing_parsed: bool = False  # the syntax errors hid the whole file
+    error: str | None = None
+    fixed: int = 0
+    fixed_text: str | None = None  # the fixed source when it was not written back (stdin)
+    notes: list[str] = field(default_factory=list)  # non-fatal problems worth a stderr line
+
+
+@dataclass
+class Discovery:
+    files: list[Path] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    unreadable: list[FileReport] = field(default_factory=list)
+
+
+class ConfigResolver:
+    """The `[tool.torchls]` configuration for each file, looked up once per folder.
+
+    An explicit `--config` applies to every file; otherwise the nearest pyproject.toml wins,
+    so a monorepo's sub-projects keep their own settings.
+    """
+
+    def __init__(self, explicit: Path | None = None) -> None:
+        self._explicit = _load_explicit(explicit) if explicit is not None else None
+        self._by_folder: dict[Path, ProjectConfig] = {}
+
+    def for_path(self, path: Path) -> ProjectConfig:
+        if self._explicit is not None:
+            return self._explicit
+        folder = path if path.is_dir() else path.parent
+        folder = folder.resolve()
+        if folder not in self._by_folder:
+            _reject_broken_pyproject(folder)
+            self._by_folder[folder] = load_config(folder)
+        return self._by_folder[folder]
+
+    def configs(self) -> list[ProjectConfig]:
+        """Each distinct configuration file used so far (for reporting problems once)."""
+        found = [self._explicit] if self._explicit is not None else self._by_folder.values()
+        unique: dict[Path, ProjectConfig] = {}
+        for config in found:
+            if config.path is not None:
+                unique.setdefault(config.path, config)
+        return list(unique.values())
+
+
+def _reject_broken_pyproject(folder: Path) -> None:
+    """Raise if the nearest pyproject.toml is not valid TOML.
+
+    `find_pyproject` skips files it cannot parse, so a syntax slip in the user's
+    `[tool.torchls]` table would silently fall back to the defaults (every rule on).
+    """
+    for candidate in (folder / "pyproject.toml", *(p / "pyproject.toml" for p in folder.parents)):
+        if candidate.is_file():
+            try:
+                with candidate.open("rb") as handle:
+                    tomllib.load(handle)
+            except (OSError, tomllib.TOMLDecodeError) as error:
+                raise ConfigError(f"{candidate}: cannot read: {error}") from None
+            return
+
+
+def _load_explicit(path: Path) -> ProjectConfig:
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    _reject_broken_pyproject(path.parent.resolve())
+    if path.name != "pyproject.toml":
+        # `load_config` finds the file by walking folders, so it can only read pyproject.toml.
+        raise ConfigError(f"{path}: --config must name a pyproject.toml")
+    if find_pyproject(path) != path.resolve():
+        return ProjectConfig(path=path.resolve())  # no [tool.torchls] table: defaults
+    return load_config(path)
+
+
+def unknown_selectors(selectors: Iterable[str]) -> list[str]:
+    """Selectors that match no registered rule (a typo would silently select nothing)."""
+    codes = [rule.code for rule in all_rules()]
+    unknown = []
+    for raw in selectors:
+        normal = normalise_selectors([raw])
+        if normal and normal[0] and not any(code.startswith(normal[0]) for code in codes):
+            unknown.append(raw.strip())
+    return unknown
+
+
+def config_warnings(config: ProjectConfig) -> list[str]:
+    """Unknown codes in a config file: reported, not fatal, so a newer config still works."""
+    if config.path is None:
+        return []
+    lists = {
+        "select": config.select or (),
+        "ignore": config.ignore,
+        "extend-select": config.extend_select,
+    }
+    for pattern, codes in config.per_file_ignores.items():
+        lists[f"per-file-ignores {pattern!r}"] = codes
+    return [
+        f"{config.path}: warning: unknown rule selector {selector!r} in [tool.torchls] {key}"
+        for key, selectors in lists.items()
+        for selector in unknown_selectors(list(selectors))
+    ]
+
+
+# --- discovery -------------------------------------------------------------------------------
+
+
+def discover(paths: Sequence[str], resolver: ConfigResolver) -> Discovery:
+    """Every Python file under `paths`, in a stable order, each once.
+
+    A file named explicitly is always checked (even without a .py suffix or when excluded);
+    folders are walked for `*.py`, skipping tool folders and the config's `exclude` globs.
+    """
+    found = Discovery()
+    seen: set[Path] = set()
+    for raw in paths:
+        path = Path(raw)
+        if path.is_file():
+            candidates: Iterable[Path] = [path]
+        elif path.is_dir():
+            candidates = _walk(path, resolver, found)
+        else:
+            found.missing.append(raw)
+            continue
+        for candidate in candidates:
+            key = candidate.resolve()
+            if key not in seen:
+                seen.add(key)
+                found.files.append(Path(os.path.normpath(candidate)))
+    return found
+
+
+def _walk(root: Path, resolver: ConfigResolver, found: Discovery) -> Iterator[Path]:
+    def on_error(error: OSError) -> None:
+        name = error.filename or str(root)
+        found.unreadable.append(
+            FileReport(_display(Path(name)), _absolute(Path(name)), error=_os_message(error))
+        )
+
+    for folder, dirs, files in os.walk(root, onerror=on_error):
+        here = Path(folder)
+        dirs[:] = sorted(d for d in dirs if not _skip_dir(here / d, resolver))
+        for name in sorted(files):
+            path = here / name
+            if name.endswith(".py") and not _excluded(path, resolver):
+                yield path
+
+
+def _skip_dir(path: Path, resolver: ConfigResolver) -> bool:
+    if path.name in SKIPPED_DIRS or (path / "pyvenv.cfg").is_file():
+        return True
+    return _excluded(path, resolver)
+
+
+def _excluded(path: Path, resolver: ConfigResolver) -> bool:
+    config = resolver.for_path(path)
+    if not config.exclude:
+        return False
+    relative = config.relative(path)
+    return any(_glob_matches(relative, pattern) for pattern in config.exclude)
+
+
+def _glob_matches(relative: str, pattern: str) -> bool:
+    """Ruff-like exclude matching: the pattern may name the path, its last part, or a folder."""
+    pattern = pattern.rstrip("/")
+    if pattern.startswith("./"):
+        pattern = pattern[2:]
+    name = PurePosixPath(relative).name
+    return (
+        fnmatch.fnmatch(relative, pattern)
+        or fnmatch.fnmatch(name, pattern)
+        or fnmatch.fnmatch(relative, f"*/{pattern}")
+    )
+
+
+# --- checking --------------------------------------------------------------------------------
+
+
+def check_paths(
+    files: Sequence[Path], resolver: ConfigResolver, options: CheckOptions
+) -> list[FileReport]:
+    return [check_file(path, resolver, options) for path in files]
+
+
+def check_file(path: Path, resolver: ConfigResolver, options: CheckOptions) -> FileReport:
+    report = FileReport(_display(path), _absolute(path))
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        report.error = _os_message(error)
+        return report
+    config = resolver.for_path(path)
+    new_text = _analyse_into(report, data, str(path), _enabled(config, path, options), options)
+    if new_text is not None:
+        try:
+            path.write_bytes(_encode_like(data, new_text))
+        except (OSError, UnicodeEncodeError, LookupError) as error:
+            report.error = f"cannot write the fixed file: {error}"
+    return report
+
+
+def check_stdin(
+    data: bytes, filename: str | None, resolver: ConfigResolver, options: CheckOptions
+) -> FileReport:
+    """Check source read from stdin; with --fix the fixed text is kept for printing."""
+    named = Path(filename) if filename else None
+    report = FileReport(_display(named) if named else STDIN, _absolute(named) if named else STDIN)
+    config = resolver.for_path(named if named else Path.cwd())
+    enabled = _enabled(config, named, options)
+    new_text = _analyse_into(report, data, filename or "<stdin>", enabled, options)
+    if options.fix and report.error is None:
+        report.fixed_text = new_text if new_text is not None else _decoded(data)
+    return report
+
+
+def _enabled(
+    config: ProjectConfig, path: Path | None, options: CheckOptions
+) -> Callable[[str], bool]:
+    selection = config.selection(options.select, options.ignore, options.extend_select)
+    relative = config.relative(path) if path is not None else None
+    return lambda code: selection.enabled(code, relative)
+
+
+def _analyse_into(
+    report: FileReport,
+    data: bytes,
+    filename: str,
+    enabled: Callable[[str], bool],
+    options: CheckOptions,
+) -> str | None:
+    """Fill `report` from the analysis; returns the fixed text when --fix changed anything."""
+    result = analyze(data, filename, enabled)
+    if result.error is not None:
+        report.error = result.error
+        return None
+    _record_syntax(report, result)
+    if not options.fix or result.syntax_errors or result.parsed is None:
+        # Like ruff, never rewrite a file that does not parse: the fix spans could be stale.
+        report.findings = result.findings
+        return None
+    original = result.parsed.text
+    outcome = fix_until_stable(original, result, filename, enabled, options)
+    report.findings = outcome.result.findings
+    report.fixed = outcome.fixed
+    if outcome.broken:
+        report.notes.append(
+            "a fix would have produced invalid code; those fixes were not applied (please report)"
+        )
+    return outcome.text if outcome.text != original else None
+
+
+@dataclass
+class FixOutcome:
+    text: str
+    result: AnalysisResult  # the analysis of `text`: what remains to report
+    fixed: int
+    broken: bool = False  # a pass was rejected because it broke parsing
+
+
+def fix_until_stable(
+    text: str,
+    result: AnalysisResult,
+    filename: str,
+    enabled: Callable[[str], bool],
+    options: CheckOptions,
+) -> FixOutcome:
+    """Apply fixes pass by pass (a fix can make another one possible, and overlapping fixes
+    wait for the next pass) until nothing changes, or stop before a pass that breaks parsing."""
+    outcome = FixOutcome(text, result, 0)
+    for _ in range(MAX_FIX_PASSES):
+        fixes = fixes_to_apply(outcome.result.findings, unsafe=options.unsafe_fixes)
+        if not fixes:
+            break
+        candidate, applied = apply_fixes(outcome.text, fixes)
+        if applied == 0 or candidate == outcome.text:
+            break
+        after = analyze(candidate, filename, enabled)
+        if after.error is not None or after.syntax_errors:
+            outcome.broken = True  # keep the last good text rather than write broken code
+            break
+        outcome = FixOutcome(candidate, after, outcome.fixed + applied)
+    return outcome
+
+
+def _record_syntax(report: FileReport, result: AnalysisResult) -> None:
+    report.syntax_errors = list(result.syntax_errors)
+    parsed = result.parsed
+    if result.syntax_errors and parsed is not None:
+        report.nothing_parsed = not parsed.tree.body and bool(parsed.text.strip())
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _encode_like(original: bytes, text: str) -> bytes:
+    """Encode fixed text the way the original file was encoded (BOM, coding cookie)."""
+    encoding, _ = tokenize.detect_encoding(io.BytesIO(original).readline)
+    return text.encode(encoding)
+
+
+def _decoded(data: bytes) -> str:
+    from torchls.analysis.source import decode_source
+
+    return decode_source(data)
+
+
+def _display(path: Path) -> str:
+    """The path as the user would type it: relative to the working folder when inside it."""
+    try:
+        return Path(os.path.abspath(path)).relative_to(Path.cwd()).as_posix()
+    except ValueError:
+        return os.path.normpath(path)
+
+
+def _absolute(path: Path) -> str:
+    return os.path.abspath(path)
+
+
+def _os_message(error: OSError) -> str:
+    reason = error.strerror or str(error)
+    return f"cannot read: {reason}"

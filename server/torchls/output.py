@@ -1,0 +1,347 @@
+"""Rendering check results and rule docs for people (text) and tools (json, sarif, github).
+
+In: `FileReport`s from `torchls.checker`, or `Rule`s from the registry. Out: strings; nothing
+here writes to a stream or decides an exit code. Findings carry 1-based rows and 0-based
+code-point columns; every format here shows 1-based columns (what editors and ruff show).
+The JSON shape is a public contract (see design.md): change it only with the contract.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torchls import __version__
+from torchls.analysis import Edit, Finding, Position, Rule, all_rules, get_rule
+from torchls.checker import FileReport
+
+SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+
+
+@dataclass(frozen=True)
+class Style:
+    """ANSI styling, or none: decided once by the CLI (TTY, NO_COLOR, --color)."""
+
+    enabled: bool = False
+
+    def _wrap(self, text: str, code: str) -> str:
+        return f"\x1b[{code}m{text}\x1b[0m" if self.enabled else text
+
+    def bold(self, text: str) -> str:
+        return self._wrap(text, "1")
+
+    def code(self, text: str) -> str:
+        return self._wrap(text, "1;31")
+
+    def marker(self, text: str) -> str:
+        return self._wrap(text, "36")
+
+    def dim(self, text: str) -> str:
+        return self._wrap(text, "2")
+
+    def good(self, text: str) -> str:
+        return self._wrap(text, "32")
+
+
+def is_fixable(finding: Finding, unsafe_fixes: bool) -> bool:
+    """Whether `--fix` would apply this finding's fix under the current flags."""
+    if finding.fix is None:
+        return False
+    return finding.fix.applicability == "safe" or unsafe_fixes
+
+
+def all_findings(reports: Iterable[FileReport]) -> list[tuple[FileReport, Finding]]:
+    return [(report, finding) for report in reports for finding in report.findings]
+
+
+# --- text ------------------------------------------------------------------------------------
+
+
+def text_findings(reports: Sequence[FileReport], unsafe_fixes: bool, style: Style) -> str:
+    """One `path:row:col: CODE [*] message` line per finding."""
+    lines = []
+    for report, finding in all_findings(reports):
+        start = finding.span.start
+        where = f"{style.bold(report.display)}:{start.row}:{start.column + 1}:"
+        marker = f" {style.marker('[*]')}" if is_fixable(finding, unsafe_fixes) else ""
+        lines.append(f"{where} {style.code(finding.code)}{marker} {finding.message}")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def text_summary(reports: Sequence[FileReport], fix: bool, unsafe_fixes: bool, style: Style) -> str:
+    """The closing lines: fixed count (with --fix), total found, and what --fix could do."""
+    findings = [finding for _, finding in all_findings(reports)]
+    lines = []
+    fixed = sum(report.fixed for report in reports)
+    if fix and fixed:
+        lines.append(f"Fixed {_plural(fixed, 'error')}.")
+    if not findings:
+        lines.append(style.good("All checks passed!"))
+        return "\n".join(lines) + "\n"
+    lines.append(f"Found {_plural(len(findings), 'error')}.")
+    fixable = sum(is_fixable(f, unsafe_fixes) for f in findings)
+    hidden = sum(f.fix is not None and not is_fixable(f, unsafe_fixes) for f in findings)
+    hint = _fix_hint(fixable, hidden, fix, unsafe_fixes)
+    if hint:
+        lines.append(hint)
+    return "\n".join(lines) + "\n"
+
+
+def _fix_hint(fixable: int, hidden: int, fix: bool, unsafe_fixes: bool) -> str:
+    hidden_note = (
+        f"{_plural(hidden, 'hidden fix', 'hidden fixes')} can be enabled with the "
+        "--unsafe-fixes option"
+    )
+    if fixable and not fix:
+        option = "--fix --unsafe-fixes options" if unsafe_fixes else "--fix option"
+        text = f"[*] {fixable} fixable with the {option}"
+        return f"{text} ({hidden_note})." if hidden else f"{text}."
+    if hidden:
+        return f"No fixes available ({hidden_note})."
+    return ""
+
+
+def _plural(count: int, singular: str, plural: str | None = None) -> str:
+    return f"{count} {singular if count == 1 else plural or singular + 's'}"
+
+
+# --- statistics ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Statistic:
+    code: str
+    name: str
+    count: int
+    fixable: bool
+
+
+def statistics(reports: Sequence[FileReport], unsafe_fixes: bool) -> list[Statistic]:
+    """Counts per code, most frequent first (ties by code), as `ruff --statistics` orders."""
+    findings = [finding for _, finding in all_findings(reports)]
+    counts = Counter(f.code for f in findings)
+    fixable = {f.code for f in findings if is_fixable(f, unsafe_fixes)}
+    out = []
+    for code, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
+        rule = get_rule(code)
+        out.append(Statistic(code, rule.name if rule else "", count, code in fixable))
+    return out
+
+
+def text_statistics(stats: Sequence[Statistic], style: Style) -> str:
+    if not stats:
+        return ""
+    count_width = max(len(str(s.count)) for s in stats)
+    code_width = max(len(s.code) for s in stats)
+    lines = [
+        f"{s.count:>{count_width}}\t{style.code(s.code.ljust(code_width))}\t"
+        f"{style.marker('[*]') if s.fixable else '[ ]'} {s.name}"
+        for s in stats
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def json_statistics(stats: Sequence[Statistic]) -> str:
+    rows = [{"code": s.code, "name": s.name, "count": s.count, "fixable": s.fixable} for s in stats]
+    return json.dumps(rows, indent=2) + "\n"
+
+
+# --- json (the public contract) --------------------------------------------------------------
+
+
+def _location(position: Position) -> dict[str, int]:
+    return {"row": position.row, "column": position.column + 1}
+
+
+def _edit_json(edit: Edit) -> dict[str, Any]:
+    return {
+        "content": edit.content,
+        "location": _location(edit.span.start),
+        "end_location": _location(edit.span.end),
+    }
+
+
+def finding_json(report: FileReport, finding: Finding) -> dict[str, Any]:
+    """One finding in ruff's JSON shape; `url` stays null until rule docs are published."""
+    fix = finding.fix
+    return {
+        "filename": report.filename,
+        "code": finding.code,
+        "message": finding.message,
+        "severity": finding.severity,
+        "location": _location(finding.span.start),
+        "end_location": _location(finding.span.end),
+        "fix": None
+        if fix is None
+        else {
+            "applicability": fix.applicability,
+            "message": fix.message,
+            "edits": [_edit_json(edit) for edit in fix.edits],
+        },
+        "url": None,
+    }
+
+
+def json_findings(reports: Sequence[FileReport]) -> str:
+    rows = [finding_json(report, finding) for report, finding in all_findings(reports)]
+    return json.dumps(rows, indent=2, ensure_ascii=False) + "\n"
+
+
+# --- github actions annotations --------------------------------------------------------------
+
+_GITHUB_LEVEL = {"error": "error", "warning": "warning", "information": "notice"}
+
+
+def _github_escape(text: str, property_value: bool = False) -> str:
+    text = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    if property_value:
+        text = text.replace(":", "%3A").replace(",", "%2C")
+    return text
+
+
+def github_findings(reports: Sequence[FileReport]) -> str:
+    """Workflow commands that GitHub Actions turns into inline annotations on the diff."""
+    lines = []
+    for report, finding in all_findings(reports):
+        start, end = finding.span.start, finding.span.end
+        props = ",".join(
+            [
+                f"title={_github_escape(f'torchls ({finding.code})', True)}",
+                f"file={_github_escape(report.display, True)}",
+                f"line={start.row}",
+                f"col={start.column + 1}",
+                f"endLine={end.row}",
+                f"endColumn={end.column + 1}",
+            ]
+        )
+        message = f"{report.display}:{start.row}:{start.column + 1}: {finding.code} "
+        message += finding.message
+        lines.append(f"::{_GITHUB_LEVEL[finding.severity]} {props}::{_github_escape(message)}")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+# --- sarif (code scanning) -------------------------------------------------------------------
+
+_SARIF_LEVEL = {"error": "error", "warning": "warning", "information": "note"}
+
+
+def _sarif_region(start: Position, end: Position) -> dict[str, int]:
+    return {
+        "startLine": start.row,
+        "startColumn": start.column + 1,
+        "endLine": end.row,
+        "endColumn": end.column + 1,
+    }
+
+
+def _sarif_result(report: FileReport, finding: Finding) -> dict[str, Any]:
+    location = {
+        "physicalLocation": {
+            "artifactLocation": {"uri": report.display},
+            "region": _sarif_region(finding.span.start, finding.span.end),
+        }
+    }
+    result: dict[str, Any] = {
+        "ruleId": finding.code,
+        "level": _SARIF_LEVEL[finding.severity],
+        "message": {"text": finding.message},
+        "locations": [location],
+    }
+    if finding.fix is not None:
+        replacements = [
+            {
+                "deletedRegion": _sarif_region(edit.span.start, edit.span.end),
+                "insertedContent": {"text": edit.content},
+            }
+            for edit in finding.fix.edits
+        ]
+        result["fixes"] = [
+            {
+                "description": {"text": finding.fix.message},
+                "artifactChanges": [
+                    {"artifactLocation": {"uri": report.display}, "replacements": replacements}
+                ],
+            }
+        ]
+    return result
+
+
+def sarif_findings(reports: Sequence[FileReport]) -> str:
+    """A SARIF 2.1.0 log; columns are declared as code points, which is what we count."""
+    rules = [
+        {
+            "id": rule.code,
+            "name": rule.name,
+            "shortDescription": {"text": rule.summary},
+            "fullDescription": {"text": rule.doc, "markdown": rule.doc},
+            "defaultConfiguration": {"level": _SARIF_LEVEL[rule.severity]},
+        }
+        for rule in all_rules()
+    ]
+    log = {
+        "$schema": SARIF_SCHEMA,
+        "version": "2.1.0",
+        "runs": [
+            {
+                "tool": {"driver": {"name": "torchls", "version": __version__, "rules": rules}},
+                "columnKind": "unicodeCodePoints",
+                "results": [_sarif_result(r, f) for r, f in all_findings(reports)],
+            }
+        ],
+    }
+    return json.dumps(log, indent=2, ensure_ascii=False) + "\n"
+
+
+# --- rules -----------------------------------------------------------------------------------
+
+_FIX_TEXT = {
+    "safe": "safe fix available (applied by --fix)",
+    "unsafe": "unsafe fix available (applied by --fix --unsafe-fixes)",
+    "none": "no automatic fix",
+}
+
+
+def rule_doc(rule: Rule, style: Style) -> str:
+    """The header (code, name, severity, fix) followed by the rule's Markdown doc."""
+    header = [
+        f"{style.code(rule.code)} {style.bold(rule.name)}",
+        rule.summary,
+        "",
+        f"Severity: {rule.severity}",
+        f"Fix: {_FIX_TEXT[rule.fix]}",
+        f"Silence on one line with: # noqa: {rule.code}",
+    ]
+    return "\n".join(header) + "\n\n" + rule.doc.strip() + "\n"
+
+
+def rule_json(rule: Rule) -> dict[str, Any]:
+    return {
+        "code": rule.code,
+        "name": rule.name,
+        "severity": rule.severity,
+        "fix": rule.fix,
+        "summary": rule.summary,
+        "doc": rule.doc,
+    }
+
+
+def rules_table(rules: Sequence[Rule], style: Style) -> str:
+    """Every rule on one line: code, name, severity, fix availability and summary."""
+    rows = [("CODE", "NAME", "SEVERITY", "FIX", "SUMMARY")]
+    rows += [(r.code, r.name, r.severity, r.fix, r.summary) for r in rules]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = []
+    for index, row in enumerate(rows):
+        cells = [row[i].ljust(widths[i]) for i in range(4)]
+        if index == 0:
+            lines.append(style.bold("  ".join([*cells, row[4]])))
+        else:
+            lines.append("  ".join([style.code(cells[0]), *cells[1:], row[4]]))
+    return "\n".join(lines) + "\n"
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False) + "\n"
