@@ -195,6 +195,7 @@ class Facts:
         self.local_functions: dict[ast.AST, dict[str, FunctionNode]] = {}
         self._called: dict[ast.Call, FunctionNode | None] = {}
         self._kinds: dict[ast.AST, ObjectKind | None] = {}
+        self._call_qualnames: dict[ast.Call, str | None] = {}
         self._collect()
 
     # ------------------------------------------------------------------ collection (one walk)
@@ -443,7 +444,27 @@ class Facts:
         return ".".join([base, *reversed(parts)])
 
     def call_qualname(self, call: ast.Call) -> str | None:
-        return self.qualname(call.func)
+        try:
+            return self._call_qualnames[call]
+        except KeyError:
+            found = self._call_qualnames[call] = self.qualname(call.func)
+            return found
+
+    @cached_property
+    def _calls_by_qualname(self) -> dict[str, list[ast.Call]]:
+        index: dict[str, list[ast.Call]] = {}
+        for call in self.calls:
+            qualname = self.call_qualname(call)
+            if qualname is not None:
+                index.setdefault(qualname, []).append(call)
+        return index
+
+    def calls_to(self, *qualnames: str) -> list[ast.Call]:
+        """Calls of the given fully qualified functions (`"torch.load"`), in file order."""
+        found = [c for q in qualnames for c in self._calls_by_qualname.get(q, ())]
+        return (
+            sorted(found, key=lambda c: (c.lineno, c.col_offset)) if len(qualnames) > 1 else found
+        )
 
     def short_name(self, call: ast.Call) -> str:
         """Last component of what is called: `Adam` for `torch.optim.Adam(...)`."""

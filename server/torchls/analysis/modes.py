@@ -59,11 +59,7 @@ class ModeAnalysis:
 
     def run(self) -> None:
         facts = self.facts
-        functions = [
-            node
-            for node in facts.scope_nodes
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-        ]
+        functions = _relevant_functions(facts)
         # Round one analyses everything from an unknown entry and collects call-site states;
         # round two re-analyses only the functions that got an entry state from a caller.
         entries: dict[ast.AST, State] = {}
@@ -241,6 +237,34 @@ class ModeAnalysis:
         effect = {key: facts_ for key, facts_ in end.items() if facts_ != sentinel}
         self._effects[function] = effect
         return effect
+
+
+def _relevant_functions(facts: Facts) -> list[FunctionNode]:
+    """Functions whose mode states a rule can read: they switch modes, loop (evaluation and
+    training loops are loops), or call such a function (their states flow into it)."""
+    functions = [
+        node
+        for node in facts.scope_nodes
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    ]
+    relevant = {
+        function
+        for function in functions
+        if any(
+            isinstance(n, (ast.For, ast.AsyncFor, ast.While)) for n in facts.scope_nodes[function]
+        )
+        or any(_is_mode_call(call) for call in facts.calls_in(function))
+    }
+    changed = True
+    while changed:
+        changed = False
+        for function in functions:
+            if function in relevant:
+                continue
+            if any(facts.called_function(call) in relevant for call in facts.calls_in(function)):
+                relevant.add(function)
+                changed = True
+    return [function for function in functions if function in relevant]
 
 
 def _is_mode_call(call: ast.Call) -> bool:

@@ -86,12 +86,11 @@ def _allow_listed(facts: Facts, class_name: str) -> bool:
 
 
 def _loads_unsafely(facts: Facts) -> bool:
-    for call in facts.calls:
-        if facts.is_torch_api(call, *LOAD):
-            keyword = _keyword(call, "weights_only")
-            if keyword is not None and isinstance(keyword.value, ast.Constant):
-                if keyword.value.value is False:
-                    return True
+    for call in facts.calls_to(*LOAD):
+        keyword = _keyword(call, "weights_only")
+        if keyword is not None and isinstance(keyword.value, ast.Constant):
+            if keyword.value.value is False:
+                return True
     return False
 
 
@@ -141,8 +140,8 @@ def checkpoint_config_not_plain_data(facts: Facts) -> Iterator[Hit]:
     Store plain data: `vars(args)` for a Namespace, `dataclasses.asdict(cfg)` for a dataclass.
     """
     unsafe_loading = _loads_unsafely(facts)
-    for call in facts.calls:
-        if not facts.is_torch_api(call, *SAVE) or not call.args:
+    for call in facts.calls_to(*SAVE):
+        if not call.args:
             continue
         for value in _dict_values(facts, call.args[0]):
             found = _config_object(facts, value)
@@ -206,8 +205,8 @@ def load_without_map_location(facts: Facts) -> Iterator[Hit]:
     `torch.load("last.pt", map_location="cpu")` (then move with `.to(device)`), or pass the
     target device. Offered as an unsafe fix.
     """
-    for call in facts.calls:
-        if not facts.is_torch_api(call, *LOAD) or _has_star_kwargs(call):
+    for call in facts.calls_to(*LOAD):
+        if _has_star_kwargs(call):
             continue
         if _keyword(call, "map_location") is not None or len(call.args) >= 2:
             continue
@@ -255,9 +254,7 @@ def load_weights_only_false(facts: Facts) -> Iterator[Hit]:
     `torch.serialization.add_safe_globals([...])`. No automatic fix: the checkpoint's contents
     decide what is needed.
     """
-    for call in facts.calls:
-        if not facts.is_torch_api(call, *LOAD):
-            continue
+    for call in facts.calls_to(*LOAD):
         keyword = _keyword(call, "weights_only")
         if keyword is None or not isinstance(keyword.value, ast.Constant):
             continue
