@@ -69,7 +69,8 @@ def main() -> None:
         accuracy = evaluate(model, val_loader)  # planted: TL203
         print(f"epoch {epoch}: accuracy {accuracy:.3f}")
 
-    torch.save({"model": model.state_dict(), "args": args}, "classifier.pt")  # planted: TL301
+    checkpoint = {"model": model.state_dict(), "args": args}  # planted: TL301
+    torch.save(checkpoint, "classifier.pt")  # planted: TL304
 
 
 if __name__ == "__main__":

@@ -1,3 +1,10 @@
 """The rule catalog. Importing this package registers every rule (one module per code family)."""
 
-from torchls.analysis.rules import checkpoints, losses, modes  # noqa: F401
+from torchls.analysis.rules import (  # noqa: F401
+    autograd,
+    checkpoints,
+    losses,
+    modes,
+    numerics,
+    shapes,
+)

@@ -264,3 +264,185 @@ def load_weights_only_false(facts: Facts) -> Iterator[Hit]:
                 "`torch.load(weights_only=False)` unpickles arbitrary objects: loading an "
                 "untrusted file can run code",
             )
+
+
+def _state_dict_owner(facts: Facts, value: ast.expr) -> ast.expr | None:
+    """`model` for a value `model.state_dict()` (or `model.module.state_dict()`)."""
+    if isinstance(value, ast.Call) and facts.method_name(value) == "state_dict":
+        return facts.receiver(value)
+    return None
+
+
+def _constructed(facts: Facts, kind: str) -> list[tuple[ast.Call, str]]:
+    """In-file constructor calls of objects of `kind` ("optimizer", "scheduler", "scaler")."""
+    found = []
+    for call in facts.calls:
+        found_kind = facts.kind_of(call)
+        if found_kind is not None and found_kind.kind == kind and found_kind.node is call:
+            found.append((call, found_kind.detail))
+    return found
+
+
+def _stateless_sgd(facts: Facts, call: ast.Call, detail: str) -> bool:
+    if detail != "SGD":
+        return False
+    for keyword in call.keywords:
+        if keyword.arg == "momentum":
+            return isinstance(keyword.value, ast.Constant) and keyword.value.value in (0, 0.0)
+    return len(call.args) < 3
+
+
+@rule(
+    "TL304",
+    "checkpoint-missing-training-state",
+    "W",
+    "Checkpoint saves the model but not the optimizer (scheduler, scaler) state",
+)
+def checkpoint_missing_training_state(facts: Facts) -> Iterator[Hit]:
+    """
+    ## What it catches
+    In a training script (one that builds an optimizer), `torch.save` of a dict checkpoint
+    that holds the model's `state_dict()` but not the optimizer's — nor the scheduler's or the
+    GradScaler's when the script has them. Plain SGD without momentum keeps no state and is
+    not reported for the optimizer.
+
+    ## Why it is wrong
+    Resuming from such a checkpoint restarts Adam's moment estimates (or SGD's momentum) from
+    zero and the learning-rate schedule from its first step: the loss jumps after every
+    restart and the resumed run does not reproduce an uninterrupted one.
+
+    ## Example
+    ```python
+    torch.save({"model": model.state_dict(), "epoch": epoch}, "last.pt")   # TL304
+    ```
+
+    ## Fix
+    Save every stateful object:
+    `{"model": ..., "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+    "scaler": scaler.state_dict(), "epoch": epoch}`. No automatic fix.
+    """
+    constructed = {kind: _constructed(facts, kind) for kind in ("optimizer", "scheduler", "scaler")}
+    if not constructed["optimizer"]:
+        return
+    for call in facts.calls_to(*SAVE):
+        if not call.args:
+            continue
+        # Only objects built where this save can see them: its own function or module level.
+        visible = (facts.scope(call), facts.tree)
+        local = {
+            kind: [(c, d) for c, d in found if facts.scope(c) in visible]
+            for kind, found in constructed.items()
+        }
+        needed = {
+            "optimizer": any(not _stateless_sgd(facts, c, d) for c, d in local["optimizer"]),
+            "scheduler": bool(local["scheduler"]),
+            "scaler": bool(local["scaler"]),
+        }
+        values = _dict_values(facts, call.args[0])
+        owners = [_state_dict_owner(facts, v) for v in values]
+        kinds = {
+            (facts.kind_of(owner).kind if facts.kind_of(owner) else "")
+            for owner in owners
+            if owner is not None
+        }
+        if "model" not in kinds:
+            continue
+        missing = [name for name, wanted in needed.items() if wanted and name not in kinds]
+        if not missing:
+            continue
+        yield Hit(
+            call,
+            f"checkpoint saves the model but not the {', '.join(missing)} state: a resumed run "
+            "restarts from fresh optimizer statistics and schedule",
+        )
+
+
+@rule(
+    "TL305",
+    "saving-whole-module",
+    "I",
+    "torch.save(model) pickles the class instead of saving the weights",
+    fix="unsafe",
+)
+def saving_whole_module(facts: Facts) -> Iterator[Hit]:
+    """
+    ## What it catches
+    `torch.save(model, path)` where `model` is an `nn.Module`.
+
+    ## Why it is wrong
+    Pickling the module stores a reference to its class and module path, not just tensors.
+    The file breaks when the code is refactored or moved, cannot be loaded with
+    `weights_only=True` (the default since PyTorch 2.6), and drags along anything the model
+    references.
+
+    ## Example
+    ```python
+    torch.save(model, "model.pt")              # TL305
+    ```
+
+    ## Fix
+    `torch.save(model.state_dict(), "model.pt")` and rebuild the model before
+    `load_state_dict`. Offered as an unsafe fix: the loading side must change too.
+    """
+    for call in facts.calls_to(*SAVE):
+        if not call.args or not isinstance(call.args[0], (ast.Name, ast.Attribute)):
+            continue
+        target = call.args[0]
+        if not facts.is_kind(target, "model"):
+            continue
+        text = facts.source.segment(target)
+        yield Hit(
+            target,
+            f"`torch.save({text}, ...)` pickles the whole module (class and import path); save "
+            f"`{text}.state_dict()` instead",
+            Fix(
+                "unsafe",
+                f"Save `{text}.state_dict()`",
+                (replace_node(facts, target, f"{text}.state_dict()"),),
+            ),
+        )
+
+
+@rule(
+    "TL306",
+    "load-state-dict-not-strict-unchecked",
+    "W",
+    "load_state_dict(strict=False) whose missing/unexpected keys are ignored",
+)
+def load_state_dict_not_strict_unchecked(facts: Facts) -> Iterator[Hit]:
+    """
+    ## What it catches
+    `model.load_state_dict(state, strict=False)` used as a statement, so the returned
+    missing and unexpected keys are thrown away.
+
+    ## Why it is wrong
+    `strict=False` turns every key mismatch into silence. A renamed layer, a `module.` prefix
+    left by DataParallel or a different architecture loads *nothing* for those layers, which
+    keep their random initialisation, and training or evaluation proceeds as if the
+    checkpoint had loaded.
+
+    ## Example
+    ```python
+    model.load_state_dict(checkpoint["model"], strict=False)    # TL306
+    ```
+
+    ## Fix
+    Check the result:
+    `result = model.load_state_dict(state, strict=False)` then assert or log
+    `result.missing_keys` / `result.unexpected_keys`. No automatic fix.
+    """
+    for call in facts.calls:
+        if facts.method_name(call) != "load_state_dict":
+            continue
+        keyword = _keyword(call, "strict")
+        if keyword is None or not isinstance(keyword.value, ast.Constant):
+            continue
+        if keyword.value.value is not False:
+            continue
+        if not isinstance(facts.parents.get(call), ast.Expr):
+            continue
+        yield Hit(
+            call,
+            "`load_state_dict(..., strict=False)` result is ignored: missing or unexpected keys "
+            "(layers left at random initialisation) go unnoticed",
+        )

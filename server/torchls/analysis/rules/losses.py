@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from torchls.analysis.facts import Facts, LossCall, Origin
 from torchls.analysis.findings import Fix, Related
 from torchls.analysis.registry import Hit, rule
-from torchls.analysis.rules._edits import replace_node
+from torchls.analysis.rules._edits import insert_at, replace_node
 
 SOFTMAX_FUNCTIONS = {"torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax"}
 LOG_SOFTMAX_FUNCTIONS = {
@@ -425,3 +425,148 @@ def _short(facts: Facts, node: ast.AST | None) -> str:
         return "?"
     text = facts.source.segment(node).splitlines()[0]
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _is_raw_linear_output(facts: Facts, origin: Origin) -> bool:
+    node = origin.node
+    return (
+        origin.module_output
+        and isinstance(node, ast.Call)
+        and facts.short_name(node) in ("Linear", "LazyLinear", "Bilinear")
+    )
+
+
+@rule(
+    "TL104",
+    "nll-without-log-softmax",
+    "E",
+    "NLLLoss gets softmax output or raw logits instead of log-probabilities",
+    fix="unsafe",
+)
+def nll_without_log_softmax(facts: Facts) -> Iterator[Hit]:
+    """
+    ## What it catches
+    `nn.NLLLoss` / `F.nll_loss` whose input is a softmax output, or the raw output of a linear
+    layer (logits), instead of log-probabilities.
+
+    ## Why it is wrong
+    NLLLoss only picks `-input[target]`; it does not normalise. On probabilities the "loss" is
+    `-p`, bounded in `[-1, 0]`, with tiny gradients; on raw logits the model can lower it
+    forever by inflating the target logit. Training looks like it runs but optimises the wrong
+    objective.
+
+    ## Example
+    ```python
+    loss = F.nll_loss(F.softmax(logits, dim=1), target)    # TL104
+    ```
+
+    ## Fix
+    Feed `F.log_softmax(logits, dim=1)`, or use `F.cross_entropy(logits, target)`, which fuses
+    both. Offered as an unsafe fix.
+    """
+    for loss_call in facts.loss_calls:
+        if loss_call.loss != "NLLLoss" or loss_call.input is None:
+            continue
+        origins = facts.origins(loss_call.input)
+        if not origins:
+            continue
+        if all(activation_of(facts, origin) == "softmax" for origin in origins):
+            what = "a softmax output"
+            fix = _softmax_to_log_softmax_fix(facts, loss_call.input, origins)
+        elif all(_is_raw_linear_output(facts, origin) for origin in origins):
+            what = "raw logits from a linear layer"
+            fix = None
+        else:
+            continue
+        yield Hit(
+            loss_call.input,
+            f"NLLLoss input {describe(facts, loss_call.input, origins[0])} is {what}; NLLLoss "
+            "expects log-probabilities (`log_softmax`)",
+            fix,
+            related_for(facts, origins, "softmax" if "softmax" in what else "linear layer"),
+        )
+
+
+def _softmax_to_log_softmax_fix(
+    facts: Facts, argument: ast.expr, origins: list[Origin]
+) -> Fix | None:
+    if len(origins) != 1 or origins[0].node is not argument or not isinstance(argument, ast.Call):
+        return None
+    func = argument.func
+    text = facts.source.segment(func)
+    if not text.endswith("softmax") or text.endswith("log_softmax"):
+        return None
+    return Fix(
+        "unsafe",
+        "Use log_softmax",
+        (replace_node(facts, func, text[: -len("softmax")] + "log_softmax"),),
+    )
+
+
+SOFTMAX_NEEDING_DIM = {
+    "torch.nn.functional.softmax",
+    "torch.nn.functional.log_softmax",
+    "torch.nn.functional.softmin",
+    "torch.nn.Softmax",
+    "torch.nn.LogSoftmax",
+    "torch.nn.Softmin",
+}
+
+
+@rule(
+    "TL107",
+    "softmax-without-dim",
+    "W",
+    "softmax / log_softmax / nn.Softmax without an explicit dim",
+    fix="unsafe",
+)
+def softmax_without_dim(facts: Facts) -> Iterator[Hit]:
+    """
+    ## What it catches
+    `F.softmax(x)`, `F.log_softmax(x)`, `nn.Softmax()` or `nn.LogSoftmax()` called without
+    `dim`.
+
+    ## Why it is wrong
+    Without `dim`, PyTorch guesses: dim 0 for 0-, 1- and 3-dimensional inputs, dim 1 otherwise.
+    For a `[C, H, W]` image or an unbatched sequence the normalisation runs over the wrong
+    axis, silently. The implicit form is deprecated and warns at run time.
+
+    ## Example
+    ```python
+    probs = F.softmax(logits)          # TL107
+    ```
+
+    ## Fix
+    Name the axis: `F.softmax(logits, dim=-1)`. Offered as an unsafe fix: check that the last
+    axis is the one you mean.
+    """
+    for call in facts.calls_to(*SOFTMAX_NEEDING_DIM):
+        if any(k.arg in ("dim", None) for k in call.keywords):
+            continue
+        is_module = facts.short_name(call)[:1].isupper()
+        if (not is_module and len(call.args) >= 2) or (is_module and call.args):
+            continue
+        if not is_module and not call.args:
+            continue
+        if is_module:
+            position = facts.source.span(call).end
+            edit_column = position.column - 1
+            content = "dim=-1"
+            if call.keywords:
+                content = "dim=-1, "
+                first = call.keywords[0]
+                edit_row = first.lineno
+                edit_column = facts.source.column(first.lineno, first.col_offset)
+            else:
+                edit_row = position.row
+        else:
+            last = call.args[-1]
+            edit_row = last.end_lineno or call.lineno
+            edit_column = facts.source.column(edit_row, last.end_col_offset or 0)
+            content = ", dim=-1"
+        yield Hit(
+            call,
+            f"`{_short(facts, call)}` has no `dim`: the implicit axis depends on the input's "
+            "rank and is deprecated",
+            Fix("unsafe", "Pass `dim=-1`", (insert_at(edit_row, edit_column, content),)),
+        )

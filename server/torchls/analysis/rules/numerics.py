@@ -1,0 +1,249 @@
+"""TL5xx: numerics and devices — batches left on the CPU, log of softmax, unguarded logs."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from torchls.analysis.facts import Facts, Origin
+from torchls.analysis.findings import Fix, Span
+from torchls.analysis.registry import Hit, rule
+from torchls.analysis.rules._edits import replace_node
+from torchls.analysis.rules.losses import activation_input, activation_of
+
+MOVE_METHODS = {"to", "cuda"}
+
+
+def _moved_models(facts: Facts) -> dict[str, ast.Call]:
+    """Model keys moved to an accelerator somewhere in the file → the moving call."""
+    moved: dict[str, ast.Call] = {}
+    for call in facts.calls:
+        if facts.method_name(call) not in MOVE_METHODS:
+            continue
+        if facts.method_name(call) == "to":
+            target = call.args[0] if call.args else None
+            if target is None or (isinstance(target, ast.Constant) and target.value == "cpu"):
+                continue
+            if isinstance(target, ast.Constant) and not isinstance(target.value, str):
+                continue  # .to(torch.float16)-style dtype casts are not moves
+            if facts.qualname(target) and "float" in (facts.qualname(target) or ""):
+                continue
+        receiver = facts.receiver(call)
+        parent = facts.parents.get(call)
+        key = None
+        if isinstance(parent, ast.Assign) and len(parent.targets) == 1:
+            key = facts.key(parent.targets[0])  # model = Net().to(device)
+        elif isinstance(parent, ast.Expr):
+            key = facts.key(receiver)  # model.to(device)
+        if key is not None and facts.is_kind(
+            receiver if isinstance(parent, ast.Expr) else call, "model"
+        ):
+            moved.setdefault(key, call)
+    return moved
+
+
+@rule(
+    "TL501",
+    "batch-not-moved-to-device",
+    "W",
+    "Model moved to a device but loader tensors reach it unmoved",
+)
+def batch_not_moved_to_device(facts: Facts) -> Iterator[Hit]:
+    """
+    ## What it catches
+    The model is moved with `.to(device)` / `.cuda()`, but a tensor taken straight from a data
+    loader is passed to it without being moved.
+
+    ## Why it is wrong
+    On a GPU this fails at the first batch ("Expected all tensors to be on the same device"),
+    usually after minutes of start-up; on a machine where `device` silently resolves to the
+    CPU it works, so the bug ships. Moving the batch is part of the step.
+
+    ## Example
+    ```python
+    model = Net().to(device)
+    for x, y in loader:
+        out = model(x)                 # TL501: x is still on the CPU
+    ```
+
+    ## Fix
+    `x, y = x.to(device), y.to(device)` at the start of the loop body (or
+    `non_blocking=True` with pinned memory). No automatic fix.
+    """
+    moved = _moved_models(facts)
+    if not moved:
+        return
+    for loop in facts.batch_loops:
+        targets = {
+            name.id
+            for name in ast.walk(loop.target)  # type: ignore[attr-defined]
+            if isinstance(name, ast.Name)
+        }
+        if not targets:
+            continue
+        reported: set[str] = set()
+        for call in facts.calls_in(loop):
+            key = facts.key(call.func)
+            if key not in moved:
+                continue
+            for argument in call.args:
+                if not isinstance(argument, ast.Name) or argument.id not in targets:
+                    continue
+                assignment = facts.reaching_assignment(argument)
+                if assignment is None or assignment.loop is not loop:
+                    continue
+                if argument.id in reported:
+                    continue
+                reported.add(argument.id)
+                yield Hit(
+                    argument,
+                    f"`{argument.id}` comes from the data loader and is passed to `{key}`, which "
+                    f"was moved to a device on line {moved[key].lineno}, without `.to(device)`",
+                )
+
+
+LOG_FUNCTIONS = {"torch.log"}
+
+
+def _log_argument(facts: Facts, call: ast.Call) -> ast.expr | None:
+    if facts.call_qualname(call) in LOG_FUNCTIONS and call.args:
+        return call.args[0]
+    if facts.call_qualname(call) is None and facts.method_name(call) == "log" and not call.args:
+        return facts.receiver(call)
+    return None
+
+
+def _functional_alias(facts: Facts) -> str:
+    for alias, target in facts.imports.items():
+        if target == "torch.nn.functional":
+            return alias
+    return f"{facts.torch_alias or 'torch'}.nn.functional"
+
+
+def _log_of_activation_fix(
+    facts: Facts, log_call: ast.Call, inner: ast.Call, kind: str
+) -> Fix | None:
+    if kind == "softmax":
+        func_text = facts.source.segment(inner.func)
+        if (
+            not func_text.endswith("softmax")
+            or facts.call_qualname(inner) == "torch.special.softmax"
+        ):
+            return None
+        arguments = (
+            facts.source.text_of(_arguments_span(facts, inner))
+            if inner.args or inner.keywords
+            else ""
+        )
+        replacement = f"{func_text[: -len('softmax')]}log_softmax({arguments})"
+        return Fix("safe", "Use log_softmax", (replace_node(facts, log_call, replacement),))
+    if kind == "sigmoid":
+        tensor = activation_input(facts, inner)
+        if tensor is None:
+            return None
+        replacement = f"{_functional_alias(facts)}.logsigmoid({facts.source.segment(tensor)})"
+        return Fix("safe", "Use logsigmoid", (replace_node(facts, log_call, replacement),))
+    return None
+
+
+def _arguments_span(facts: Facts, call: ast.Call) -> Span:
+    nodes = [*call.args, *call.keywords]
+    first = min(nodes, key=lambda n: (n.lineno, n.col_offset))
+    last = max(nodes, key=lambda n: (n.end_lineno or 0, n.end_col_offset or 0))
+    start = facts.source.span(first).start
+    end = facts.source.span(last).end
+    return Span(start, end)
+
+
+@rule(
+    "TL502",
+    "log-of-softmax",
+    "W",
+    "log(softmax(x)) or log(sigmoid(x)) instead of log_softmax / logsigmoid",
+    fix="safe",
+)
+def log_of_softmax(facts: Facts) -> Iterator[Hit]:
+    """
+    ## What it catches
+    `torch.log(F.softmax(x))`, `F.softmax(x).log()`, `torch.log(torch.sigmoid(x))`.
+
+    ## Why it is wrong
+    Softmax and sigmoid underflow to exactly 0 for very negative inputs, and `log(0)` is
+    `-inf`: the loss becomes infinite and the gradients NaN. `log_softmax` and `logsigmoid`
+    compute the same values in one numerically stable step.
+
+    ## Example
+    ```python
+    log_probs = torch.log(F.softmax(logits, dim=-1))     # TL502
+    ```
+
+    ## Fix
+    `F.log_softmax(logits, dim=-1)` / `F.logsigmoid(x)`. The fix is safe.
+    """
+    for call in facts.calls:
+        argument = _log_argument(facts, call)
+        if not isinstance(argument, ast.Call):
+            continue
+        kind = activation_of(facts, Origin(argument))
+        if kind not in ("softmax", "sigmoid") or facts.method_name(argument) == "exp":
+            continue
+        better = "log_softmax" if kind == "softmax" else "logsigmoid"
+        yield Hit(
+            call,
+            f"log of a {kind} (`{facts.source.segment(argument)[:40]}`) underflows to -inf; use "
+            f"`{better}`",
+            _log_of_activation_fix(facts, call, argument, kind),
+        )
+
+
+GUARDS = {"clamp", "clamp_min", "clip", "add", "maximum", "nan_to_num"}
+
+
+@rule(
+    "TL503",
+    "log-without-guard",
+    "I",
+    "log() of a probability with no clamp or epsilon",
+)
+def log_without_guard(facts: Facts) -> Iterator[Hit]:
+    """
+    ## What it catches
+    `torch.log(p)` / `p.log()` where `p` holds probabilities (it was computed by a softmax or
+    sigmoid earlier) and nothing keeps it away from zero.
+
+    ## Why it is wrong
+    A probability that underflows to exactly 0 gives `-inf`, and the next backward pass turns
+    it into NaN in every parameter — typically hundreds of steps into training, when the model
+    becomes confident.
+
+    ## Example
+    ```python
+    probs = torch.sigmoid(logits)
+    entropy = -(probs * torch.log(probs)).sum()     # TL503
+    ```
+
+    ## Fix
+    Guard it: `torch.log(probs.clamp_min(1e-8))` or `torch.log(probs + 1e-8)`, or compute in
+    log space from the logits (`log_softmax`, `logsigmoid`). No automatic fix.
+    """
+    for call in facts.calls:
+        argument = _log_argument(facts, call)
+        if not isinstance(argument, ast.Name):
+            continue
+        origins = facts.origins(argument)
+        if not origins:
+            continue
+        kinds = {activation_of(facts, origin) for origin in origins}
+        if not kinds <= {"softmax", "sigmoid"} or None in kinds:
+            continue
+        if any(
+            isinstance(step, ast.Call) and facts.method_name(step) in GUARDS
+            for origin in origins
+            for step in origin.via
+        ):
+            continue
+        yield Hit(
+            call,
+            f"log of `{argument.id}`, a {kinds.pop()} output (line {origins[0].node.lineno}), "
+            "with no clamp or epsilon: an exact 0 gives -inf",
+        )
