@@ -17,7 +17,14 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from torchls.analysis import AnalysisResult, Finding, SyntaxProblem, all_rules, analyze
+from torchls.analysis import (
+    AnalysisResult,
+    Finding,
+    SyntaxProblem,
+    Workspace,
+    all_rules,
+    analyze,
+)
 from torchls.analysis.fixes import apply_fixes, fixes_to_apply
 from torchls.analysis.selection import normalise_selectors
 from torchls.config import ConfigError, ProjectConfig, find_pyproject, load_config
@@ -61,6 +68,8 @@ class CheckOptions:
     extend_select: tuple[str, ...] = ()
     fix: bool = False
     unsafe_fixes: bool = False
+    # Follows imported names into other project files; one per run so files are read once.
+    workspace: Workspace | None = None
 
 
 @dataclass
@@ -300,7 +309,7 @@ def _analyse_into(
     options: CheckOptions,
 ) -> str | None:
     """Fill `report` from the analysis; returns the fixed text when --fix changed anything."""
-    result = analyze(data, filename, enabled)
+    result = analyze(data, filename, enabled, workspace=options.workspace)
     if result.error is not None:
         report.error = result.error
         return None
@@ -345,7 +354,7 @@ def fix_until_stable(
         candidate, applied = apply_fixes(outcome.text, fixes)
         if applied == 0 or candidate == outcome.text:
             break
-        after = analyze(candidate, filename, enabled)
+        after = analyze(candidate, filename, enabled, workspace=options.workspace)
         if after.error is not None or after.syntax_errors:
             outcome.broken = True  # keep the last good text rather than write broken code
             break

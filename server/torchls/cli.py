@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TextIO
 
 from torchls import __version__, output
-from torchls.analysis import Rule, all_rules, get_rule
+from torchls.analysis import Rule, Workspace, all_rules, get_rule
 from torchls.checker import (
     CheckOptions,
     ConfigResolver,
@@ -127,6 +127,18 @@ def _add_color(parser: argparse.ArgumentParser) -> None:
 # --- check -----------------------------------------------------------------------------------
 
 
+def _workspace_root(args: argparse.Namespace) -> Path:
+    """The project root for cross-file resolution: the folder of the nearest pyproject.toml
+    (or of `--config`), else the current directory."""
+    if getattr(args, "config", None):
+        return Path(args.config).resolve().parent
+    start = Path(args.paths[0]) if getattr(args, "paths", None) else Path.cwd()
+    for folder in (start.resolve(), *start.resolve().parents):
+        if (folder / "pyproject.toml").is_file() or (folder / ".git").exists():
+            return folder
+    return Path.cwd()
+
+
 def run_check(args: argparse.Namespace) -> int:
     options = CheckOptions(
         select=_codes(args.select),
@@ -134,6 +146,7 @@ def run_check(args: argparse.Namespace) -> int:
         extend_select=_codes(args.extend_select) or (),
         fix=args.fix,
         unsafe_fixes=args.unsafe_fixes,
+        workspace=Workspace(_workspace_root(args)),
     )
     for flag, codes in (
         ("--select", options.select),

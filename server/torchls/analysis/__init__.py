@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from torchls.analysis.findings import Edit, Finding, Fix, Position, Related, Span
 from torchls.analysis.registry import RULES, Hit, Rule, all_rules, get_rule
+from torchls.analysis.resolver import Workspace
 from torchls.analysis.source import ParsedSource, SourceError, SyntaxProblem, decode_source
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "SourceError",
     "Span",
     "SyntaxProblem",
+    "Workspace",
     "all_rules",
     "analyze",
     "get_rule",
@@ -51,8 +53,10 @@ def analyze(
     filename: str = "<stdin>",
     enabled: Callable[[str], bool] | None = None,
     respect_noqa: bool = True,
+    workspace: Workspace | None = None,
 ) -> AnalysisResult:
-    """Run every enabled rule on one file's source."""
+    """Run every enabled rule on one file's source. With a `workspace`, names imported from
+    other project files are followed into them (model classes, factories, loss wrappers)."""
     from torchls.analysis.facts import build_facts
     from torchls.analysis.noqa import is_silenced, noqa_map
 
@@ -62,7 +66,7 @@ def analyze(
 
         parsed = parse_source(text)
         rules = [r for r in all_rules() if enabled is None or enabled(r.code)]
-        facts = build_facts(parsed, filename)
+        facts = build_facts(parsed, filename, workspace)
         silenced = noqa_map(parsed.lines) if respect_noqa else {}
         findings: list[Finding] = []
         for rule_ in rules:
@@ -86,7 +90,13 @@ def _to_finding(rule_: Rule, hit: Hit, parsed: ParsedSource) -> Finding:
     return Finding(rule_.code, hit.message, rule_.severity, span, hit.fix, hit.related)
 
 
-def loss_contract_at(source: str, row: int, column: int, filename: str = "<stdin>") -> str | None:
+def loss_contract_at(
+    source: str,
+    row: int,
+    column: int,
+    filename: str = "<stdin>",
+    workspace: Workspace | None = None,
+) -> str | None:
     """Markdown describing the loss contract at a 1-based row / 0-based code-point column."""
     from torchls.analysis.contracts import contract_markdown_at
     from torchls.analysis.facts import build_facts
@@ -94,6 +104,6 @@ def loss_contract_at(source: str, row: int, column: int, filename: str = "<stdin
 
     try:
         parsed = parse_source(source)
-        return contract_markdown_at(build_facts(parsed, filename), row, column)
+        return contract_markdown_at(build_facts(parsed, filename, workspace), row, column)
     except (SourceError, RecursionError):
         return None

@@ -8,6 +8,7 @@ target come from.
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 
 from torchls.analysis.facts import Facts, LossCall
 from torchls.analysis.losses import CONTRACTS, loss_kind_of_call
@@ -47,9 +48,12 @@ def _describe_input(facts: Facts, loss_call: LossCall) -> str | None:
     if len(origins) != 1:
         return None
     origin = origins[0]
-    text = facts.source.segment(origin.node).splitlines()[0][:60]
+    owner = facts.owner(origin)
+    text = owner.source.segment(origin.node).splitlines()[0][:60]
     activation = activation_of(facts, origin)
     where = f"line {origin.node.lineno}"
+    if owner is not facts:
+        where = f"{Path(owner.filename).name}:{origin.node.lineno}"
     if activation is not None:
         return f"input comes from **{activation}** (`{text}`, {where})"
     if origin.node is not loss_call.input:

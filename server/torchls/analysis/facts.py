@@ -15,8 +15,12 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from torchls.analysis.source import ParsedSource
+
+if TYPE_CHECKING:
+    from torchls.analysis.resolver import Definition, Workspace
 
 FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
 # Expression nodes that need no bookkeeping beyond parent/scope (and the call index).
@@ -143,6 +147,7 @@ class Origin:
     node: ast.AST
     via: tuple[ast.AST, ...] = ()
     module_output: bool = False
+    facts: Facts | None = None  # the file `node` belongs to, when it is not the asking file
 
 
 @dataclass
@@ -177,9 +182,14 @@ class Assignment:
 class Facts:
     """Everything rules need to know about one file; computed lazily, each part once."""
 
-    def __init__(self, parsed: ParsedSource, filename: str) -> None:
+    def __init__(
+        self, parsed: ParsedSource, filename: str, workspace: Workspace | None = None
+    ) -> None:
         self.source = parsed
         self.filename = filename
+        self.workspace = workspace
+        self.import_positions: dict[str, tuple[int, int]] = {}
+        self._definitions: dict[str, Definition | None] = {}
         self.tree = parsed.tree
         self.parents: dict[ast.AST, ast.AST] = {}
         self.imports: dict[str, str] = {}
@@ -340,9 +350,17 @@ class Facts:
                 else:
                     top = alias.name.split(".")[0]
                     self.imports[top] = top
-        elif node.module and node.level == 0:
+        else:
+            # Relative imports keep their dots: never a torch name, but resolvable by jedi.
+            module = "." * node.level + (node.module or "")
             for alias in node.names:
-                self.imports[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+                local = alias.asname or alias.name
+                self.imports[local] = (
+                    f"{module}.{alias.name}" if node.module else f"{module}{alias.name}"
+                )
+                if getattr(alias, "lineno", None) is not None:
+                    column = self.source.column(alias.lineno, alias.col_offset)
+                    self.import_positions[local] = (alias.lineno, column)
 
     # ------------------------------------------------------------------ structure queries
     def enclosing_statement(self, node: ast.AST) -> ast.stmt | None:
@@ -639,8 +657,13 @@ class Facts:
             method == "from_pretrained" and "Model" in (self.key(self.receiver(call)) or "")
         ):
             return ObjectKind("model", short, call)
-        if isinstance(call.func, ast.Name) and self.module_class(call.func.id):
+        if isinstance(call.func, ast.Name) and self.module_class_of_call(call) is not None:
             return ObjectKind("model", call.func.id, call)
+        for owner, returned in (self.function_returns(call) or ())[:1]:
+            # A factory (`build_model()`, `make_criterion()`): what its return builds.
+            found = owner.kind_of(returned, depth + 1)
+            if found is not None:
+                return found
         if method in ("to", "cuda", "cpu", "float", "half", "double", "train", "eval"):
             return self.kind_of(self.receiver(call), depth + 1)
         return None
@@ -664,9 +687,11 @@ class Facts:
     # ------------------------------------------------------------------ provenance
     def origins(self, expr: ast.AST, depth: int = 0, via: tuple[ast.AST, ...] = ()) -> list[Origin]:
         """Where the value of `expr` is computed, following local assignments, `self`
-        attributes, calls of in-file modules (their `forward` returns; an `nn.Sequential`'s last
-        layer) and shape/device-only methods. Unknown ends (parameters, loop targets) are
-        returned as themselves; callers decide what an unknown origin means."""
+        attributes, calls of modules (their `forward` returns; an `nn.Sequential`'s last layer;
+        a factory function's returned module — in this file or, through the workspace, in
+        another) and shape/device-only methods. Unknown ends (parameters, loop targets) are
+        returned as themselves; callers decide what an unknown origin means. An origin found
+        in another file carries that file's facts in `Origin.facts`."""
         if depth > MAX_DEPTH:
             return [Origin(expr, via)]
         if isinstance(expr, ast.Name):
@@ -692,6 +717,23 @@ class Facts:
                 return module_origins
         return [Origin(expr, via)]
 
+    def owner(self, origin: Origin) -> Facts:
+        """The facts of the file `origin` was found in."""
+        return origin.facts or self
+
+    def owns(self, node: ast.AST) -> bool:
+        return node is self.tree or node in self.parents
+
+    def _origins_in(
+        self, owner: Facts, expr: ast.AST, depth: int, via: tuple[ast.AST, ...]
+    ) -> list[Origin]:
+        if owner is self:
+            return self.origins(expr, depth + 1, via)
+        return [
+            Origin(o.node, (*via, *o.via), o.module_output, o.facts or owner)
+            for o in owner.origins(expr, depth + 1)
+        ]
+
     def _indexed_origins(
         self, value: ast.expr, index: int, depth: int, via: tuple[ast.AST, ...]
     ) -> list[Origin]:
@@ -699,9 +741,11 @@ class Facts:
             returns = self._forward_returns_of_call(value, depth)
             if returns is not None:
                 out = []
-                for returned in returns:
+                for owner, returned in returns:
                     if isinstance(returned, ast.Tuple) and index < len(returned.elts):
-                        out.extend(self.origins(returned.elts[index], depth + 1, (*via, value)))
+                        out.extend(
+                            self._origins_in(owner, returned.elts[index], depth, (*via, value))
+                        )
                     else:
                         out.append(Origin(value, via))
                 return out
@@ -711,31 +755,47 @@ class Facts:
         self, call: ast.Call, depth: int, via: tuple[ast.AST, ...]
     ) -> list[Origin] | None:
         """Origins of `module(x)`: the module's forward returns, or its last layer."""
-        constructor = self._module_constructor(call.func, depth)
-        if constructor is not None:
-            return self._constructor_output(constructor, depth, (*via, call))
+        built = self._module_constructor(call.func, depth)
+        if built is not None:
+            owner, constructor = built
+            outputs = owner._constructor_output(constructor, depth, ())
+            return [
+                Origin(o.node, (*via, call, *o.via), o.module_output, o.facts or owner)
+                if owner is not self
+                else Origin(o.node, (*via, call, *o.via), o.module_output, o.facts)
+                for o in outputs
+            ]
         returns = self._forward_returns_of_call(call, depth)
         if returns is None:
             return None
         out: list[Origin] = []
-        for returned in returns:
-            out.extend(self.origins(returned, depth + 1, (*via, call)))
+        for owner, returned in returns:
+            out.extend(self._origins_in(owner, returned, depth, (*via, call)))
         return out
 
-    def _module_constructor(self, func: ast.expr, depth: int) -> ast.Call | None:
-        """The `nn.X(...)` call that built the module object `func` refers to, if in this file."""
+    def _module_constructor(self, func: ast.expr, depth: int) -> tuple[Facts, ast.Call] | None:
+        """The `nn.X(...)` call that built the module object `func` refers to: directly, or the
+        module a factory function (here or in another project file) returns."""
         value = self.binding_value(func) if isinstance(func, (ast.Name, ast.Attribute)) else None
         steps = 0
         while isinstance(value, ast.Call) and steps < MAX_DEPTH:
             qualname = self.call_qualname(value) or ""
             if qualname.startswith("torch.nn.") and self.short_name(value)[:1].isupper():
-                return value
+                return self, value
             if self.method_name(value) in ("to", "cuda", "cpu") and self.receiver(value):
                 value = self.binding_value(self.receiver(value)) or (
                     self.receiver(value) if isinstance(self.receiver(value), ast.Call) else None
                 )
                 steps += 1
                 continue
+            for owner, returned in self.function_returns(value) or ():
+                if isinstance(returned, ast.Call):
+                    qualname = owner.call_qualname(returned) or ""
+                    if (
+                        qualname.startswith("torch.nn.")
+                        and owner.short_name(returned)[:1].isupper()
+                    ):
+                        return owner, returned
             return None
         return None
 
@@ -749,25 +809,31 @@ class Facts:
                 inner = (self.call_qualname(last) or "").startswith("torch.nn.")
                 if inner:
                     return self._constructor_output(last, depth + 1, (*via, constructor))
-                if isinstance(last.func, ast.Name) and self.module_class(last.func.id):
-                    returns = self._forward_returns(self.classes[last.func.id], depth)
+                found = self.module_class_of_call(last)
+                if found is not None:
+                    owner, info = found
+                    returns = owner._forward_returns(info, depth)
                     if returns is not None:
-                        return [o for r in returns for o in self.origins(r, depth + 1, via)]
+                        return [o for r in returns for o in self._origins_in(owner, r, depth, via)]
         return [Origin(constructor, via, module_output=True)]
 
-    def _forward_returns_of_call(self, call: ast.Call, depth: int) -> list[ast.expr] | None:
-        """Return expressions of `forward` when `call` calls an instance of an in-file module."""
+    def _forward_returns_of_call(
+        self, call: ast.Call, depth: int
+    ) -> list[tuple[Facts, ast.expr]] | None:
+        """(file facts, return expression) of `forward` when `call` calls an instance of a
+        module class defined in this file or in another project file."""
         func = call.func
-        info: ClassInfo | None = None
+        found: tuple[Facts, ClassInfo] | None = None
         if isinstance(func, ast.Name) and func.id == "self":
             klass = self.enclosing_class(call)
             info = self.module_class(klass.name) if klass else None
+            found = (self, info) if info is not None else None
         elif isinstance(func, (ast.Name, ast.Attribute)):
             value = self.binding_value(func)
             steps = 0
             while isinstance(value, ast.Call) and steps < MAX_DEPTH:
-                if isinstance(value.func, ast.Name) and self.module_class(value.func.id):
-                    info = self.classes[value.func.id]
+                found = self.module_class_of_call(value)
+                if found is not None:
                     break
                 receiver = self.receiver(value)
                 if self.method_name(value) in ("to", "cuda", "cpu", "float", "train", "eval"):
@@ -777,20 +843,68 @@ class Facts:
                     steps += 1
                     continue
                 break
-        if info is None:
+        if found is None:
             return None
-        return self._forward_returns(info, depth)
+        owner, info = found
+        returns = owner._forward_returns(info, depth)
+        return [(owner, r) for r in returns] if returns is not None else None
 
     def _forward_returns(self, info: ClassInfo, depth: int) -> list[ast.expr] | None:
         forward = info.methods.get("forward")
         if forward is None:
             for base in info.bases:
-                if base in self.classes:
+                if base in self.classes and depth < MAX_DEPTH:
                     return self._forward_returns(self.classes[base], depth + 1)
             return None
         returns = [
             node.value
             for node in self.walk_local(forward)
+            if isinstance(node, ast.Return) and node.value is not None
+        ]
+        return returns or None
+
+    # ------------------------------------------------------------------ other files
+    def definition(self, name: str) -> Definition | None:
+        """What an imported `name` is defined as in another project file (via the workspace)."""
+        if self.workspace is None or name not in self.imports:
+            return None
+        if name not in self._definitions:
+            self._definitions[name] = self.workspace.resolve(self, name)
+        return self._definitions[name]
+
+    def module_class_of_call(self, call: ast.Call) -> tuple[Facts, ClassInfo] | None:
+        """For `Net(...)`: the facts and class info of `Net` when it is an nn.Module subclass
+        defined in this file or in another project file."""
+        if not isinstance(call.func, ast.Name):
+            return None
+        name = call.func.id
+        info = self.module_class(name)
+        if info is not None:
+            return self, info
+        definition = self.definition(name)
+        if definition is not None and isinstance(definition.node, ast.ClassDef):
+            other = definition.facts
+            other_info = other.module_class(definition.node.name)
+            if other_info is not None:
+                return other, other_info
+        return None
+
+    def function_returns(self, call: ast.Call) -> list[tuple[Facts, ast.expr]] | None:
+        """(file facts, return expression) of the plain function `call` calls, here or in
+        another project file (factories such as `build_model()` or `make_criterion()`)."""
+        if not isinstance(call.func, ast.Name):
+            return None
+        name = call.func.id
+        function: FunctionNode | None = self.functions.get(name)
+        owner: Facts = self
+        if function is None:
+            definition = self.definition(name)
+            if definition is None or isinstance(definition.node, ast.ClassDef):
+                return None
+            owner, function = definition.facts, definition.node
+        returns = [
+            (owner, node.value)
+            for node in owner.walk_local(function)
             if isinstance(node, ast.Return) and node.value is not None
         ]
         return returns or None
@@ -1020,5 +1134,5 @@ class LossCall:
     constructor: ast.Call | None = None
 
 
-def build_facts(parsed: ParsedSource, filename: str) -> Facts:
-    return Facts(parsed, filename)
+def build_facts(parsed: ParsedSource, filename: str, workspace: Workspace | None = None) -> Facts:
+    return Facts(parsed, filename, workspace)

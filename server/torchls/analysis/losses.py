@@ -110,7 +110,9 @@ def loss_kind_of_call(facts: Facts, call: ast.Call) -> tuple[str, ast.Call | Non
     else:
         kind = None
     if kind is not None and kind.kind == "loss" and kind.detail in CONTRACTS:
-        return kind.detail, kind.node if isinstance(kind.node, ast.Call) else None
+        # Fixes may edit the constructor only when it is in this file.
+        same_file = isinstance(kind.node, ast.Call) and facts.owns(kind.node)
+        return kind.detail, kind.node if same_file else None
     return None
 
 

@@ -6,5 +6,6 @@ from torchls.analysis.rules import (  # noqa: F401
     losses,
     modes,
     numerics,
+    optimization,
     shapes,
 )

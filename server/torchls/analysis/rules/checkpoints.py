@@ -53,7 +53,7 @@ def _config_object(facts: Facts, value: ast.expr) -> tuple[str, str] | None:
     """(kind, class name) when `value` is an argparse Namespace, a dataclass instance or an
     instance of another in-file class that is not a module."""
     origins = facts.origins(value) if isinstance(value, (ast.Name, ast.Attribute)) else []
-    if len(origins) != 1:
+    if len(origins) != 1 or origins[0].facts is not None:
         return None
     node = origins[0].node
     if not isinstance(node, ast.Call):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 from torchls.analysis.facts import Facts, LossCall, Origin
 from torchls.analysis.findings import Fix, Related
@@ -23,6 +24,7 @@ ACTIVATION_OF_MODULE = {"Softmax": "softmax", "LogSoftmax": "log_softmax", "Sigm
 
 def activation_of(facts: Facts, origin: Origin, depth: int = 0) -> str | None:
     """ "softmax", "log_softmax" or "sigmoid" when `origin` computes that activation."""
+    facts = facts.owner(origin)
     node = origin.node
     if origin.module_output and isinstance(node, ast.Call):
         return ACTIVATION_OF_MODULE.get(facts.short_name(node))
@@ -80,16 +82,20 @@ def describe(facts: Facts, argument: ast.AST, origin: Origin) -> str:
     the activation itself."""
     if origin.node is argument:
         return f"`{_short(facts, argument)}`"
-    return (
-        f"`{_short(facts, argument)}` (from `{_short(facts, origin.node)}` "
-        f"on line {origin.node.lineno})"
-    )
+    owner = facts.owner(origin)
+    where = f"on line {origin.node.lineno}"
+    if owner is not facts:
+        where = f"in {Path(owner.filename).name}, line {origin.node.lineno}"
+    return f"`{_short(facts, argument)}` (from `{_short(owner, origin.node)}` {where})"
 
 
 def related_for(facts: Facts, origins: list[Origin], what: str) -> tuple[Related, ...]:
-    return tuple(
-        Related(facts.source.span(origin.node), f"{what} applied here") for origin in origins
-    )
+    related = []
+    for origin in origins:
+        owner = facts.owner(origin)
+        filename = owner.filename if owner is not facts else None
+        related.append(Related(owner.source.span(origin.node), f"{what} applied here", filename))
+    return tuple(related)
 
 
 def _unchanged_between(facts: Facts, name: str, scope: ast.AST, start: int, end: int) -> bool:
@@ -105,7 +111,7 @@ def pass_logits_fix(
     """Replace the activated argument with the tensor the activation was applied to, when the
     activation is local: the argument itself, or a local variable assigned from it whose input
     is a name not rebound since."""
-    if len(origins) != 1 or origins[0].module_output:
+    if len(origins) != 1 or origins[0].module_output or origins[0].facts is not None:
         return None
     activation = origins[0].node
     if not isinstance(activation, ast.Call):
@@ -342,6 +348,8 @@ def is_class_index_source(facts: Facts, expr: ast.expr) -> bool:
     if not origins:
         return False
     for origin in origins:
+        if origin.facts is not None or not all(facts.owns(n) for n in origin.via):
+            return False
         text = " ".join(facts.source.segment(n) for n in (origin.node, *origin.via))
         if SOFT_LABEL_HINT.search(text):
             return False
@@ -428,6 +436,7 @@ def _short(facts: Facts, node: ast.AST | None) -> str:
 
 
 def _is_raw_linear_output(facts: Facts, origin: Origin) -> bool:
+    facts = facts.owner(origin)
     node = origin.node
     return (
         origin.module_output

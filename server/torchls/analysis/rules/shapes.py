@@ -102,7 +102,7 @@ def _module_output_shape(facts: Facts, call: ast.Call, depth: int) -> str | None
         ):
             shapes.add(None)  # `self.fc(x).squeeze(-1)`: the traced layer is not the output
         elif origin.module_output and isinstance(node, ast.Call):
-            if facts.short_name(node) == "Linear":
+            if facts.owner(origin).short_name(node) == "Linear":
                 out_features = node.args[1] if len(node.args) > 1 else None
                 for keyword in node.keywords:
                     if keyword.arg == "out_features":
@@ -115,7 +115,7 @@ def _module_output_shape(facts: Facts, call: ast.Call, depth: int) -> str | None
             else:
                 shapes.add(None)
         elif node is not call:
-            shapes.add(shape_of(facts, node, depth + 1))
+            shapes.add(shape_of(facts.owner(origin), node, depth + 1))
         else:
             shapes.add(None)
     return shapes.pop() if len(shapes) == 1 else None

@@ -1,0 +1,222 @@
+"""Cross-file resolution: imported names → their definitions in the user's project, via jedi.
+
+In: the `Facts` of one file and a local name it imported (`from models import Net`). Out: the
+`Facts` of the defining file and the class or function node, so the analysis can follow a model
+class's `forward`, a factory returning an `nn.Sequential`, or a loss wrapper into `models.py`.
+
+One `Workspace` serves the whole analysis. It caches, per file *content*, the parsed facts of
+other files and jedi's answers, so an edit to `models.py` (in the editor, through the overlay,
+or on disk) is seen on the next request and unchanged files cost nothing. Only definitions inside
+the workspace root count: libraries are not analysed.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torchls.analysis.facts import Facts
+
+# Top-level modules that are never the user's project: no need to ask jedi about them.
+LIBRARY_ROOTS = {
+    "torch",
+    "torchvision",
+    "torchaudio",
+    "numpy",
+    "np",
+    "os",
+    "sys",
+    "math",
+    "typing",
+    "dataclasses",
+    "argparse",
+    "collections",
+    "functools",
+    "itertools",
+    "pathlib",
+    "logging",
+    "json",
+    "random",
+    "time",
+    "re",
+    "lightning",
+    "pytorch_lightning",
+    "transformers",
+    "timm",
+    "tqdm",
+    "pandas",
+    "sklearn",
+    "scipy",
+}
+MAX_FOLLOW_DEPTH = 3
+
+Overlay = Callable[[Path], "str | None"]
+
+
+@dataclass(frozen=True)
+class Definition:
+    """A resolved name: `node` (ClassDef or FunctionDef) in the file whose facts are `facts`."""
+
+    facts: Facts
+    node: ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
+
+
+def _digest(text: str) -> str:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+class Workspace:
+    """The project the analysed files belong to; thread-safe, caches per file content."""
+
+    def __init__(self, root: str | Path | None = None, overlay: Overlay | None = None) -> None:
+        self.root = Path(root).resolve() if root else None
+        self.overlay = overlay
+        self._lock = threading.RLock()
+        self._facts: dict[Path, tuple[str, Facts]] = {}
+        self._answers: dict[tuple[Path, str, str], tuple[Path, int] | None] = {}
+        self._scripts: dict[Path, tuple[str, object]] = {}
+        self._project = None
+        self._depth = threading.local()
+        self.jedi_calls = 0
+
+    # ------------------------------------------------------------------ files
+    def text_of(self, path: Path) -> str | None:
+        if self.overlay is not None:
+            text = self.overlay(path)
+            if text is not None:
+                return text
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return None
+        from torchls.analysis.source import SourceError, decode_source
+
+        try:
+            return decode_source(data)
+        except SourceError:
+            return None
+
+    def facts_for(self, path: Path) -> Facts | None:
+        """The facts of another project file, rebuilt only when its content changed."""
+        path = path.resolve()
+        text = self.text_of(path)
+        if text is None:
+            return None
+        digest = _digest(text)
+        with self._lock:
+            cached = self._facts.get(path)
+            if cached is not None and cached[0] == digest:
+                return cached[1]
+        from torchls.analysis.facts import build_facts
+        from torchls.analysis.source import SourceError, parse_source
+
+        try:
+            facts = build_facts(parse_source(text), str(path), self)
+        except (SourceError, RecursionError):
+            return None
+        with self._lock:
+            self._facts[path] = (digest, facts)
+        return facts
+
+    def invalidate(self, path: str | Path | None = None) -> None:
+        """Forget cached facts (of one file, or all); content hashing makes this an optimisation,
+        not a correctness requirement."""
+        with self._lock:
+            if path is None:
+                self._facts.clear()
+                self._scripts.clear()
+            else:
+                self._facts.pop(Path(path).resolve(), None)
+                self._scripts.pop(Path(path).resolve(), None)
+
+    def contains(self, path: Path) -> bool:
+        if "site-packages" in path.parts or "dist-packages" in path.parts:
+            return False
+        if self.root is None:
+            return True
+        try:
+            path.resolve().relative_to(self.root)
+        except ValueError:
+            return False
+        return True
+
+    # ------------------------------------------------------------------ names
+    def resolve(self, facts: Facts, local_name: str) -> Definition | None:
+        """The definition an imported `local_name` of `facts` refers to, if in the project."""
+        imported = facts.imports.get(local_name)
+        position = facts.import_positions.get(local_name)
+        if imported is None or position is None or facts.filename.startswith("<"):
+            return None
+        if imported.split(".")[0] in LIBRARY_ROOTS:
+            return None
+        depth = getattr(self._depth, "value", 0)
+        if depth >= MAX_FOLLOW_DEPTH:
+            return None
+        path = Path(facts.filename).resolve()
+        digest = _digest(facts.source.text)
+        key = (path, digest, local_name)
+        with self._lock:
+            known = key in self._answers
+            answer = self._answers.get(key)
+        if not known:
+            answer = self._ask_jedi(path, facts.source.text, digest, position)
+            with self._lock:
+                self._answers[key] = answer
+        if answer is None:
+            return None
+        target_path, line = answer
+        self._depth.value = depth + 1
+        try:
+            other = self.facts_for(target_path)
+        finally:
+            self._depth.value = depth
+        if other is None:
+            return None
+        return _definition_at(other, line, imported.rsplit(".", 1)[-1])
+
+    def _ask_jedi(
+        self, path: Path, text: str, digest: str, position: tuple[int, int]
+    ) -> tuple[Path, int] | None:
+        import jedi
+
+        with self._lock:
+            if self._project is None:
+                self._project = jedi.Project(str(self.root or path.parent))
+            cached = self._scripts.get(path)
+            if cached is not None and cached[0] == digest:
+                script = cached[1]
+            else:
+                script = jedi.Script(text, path=str(path), project=self._project)
+                self._scripts[path] = (digest, script)
+            self.jedi_calls += 1
+            try:
+                names = script.goto(position[0], position[1], follow_imports=True)  # type: ignore[attr-defined]
+            except Exception:  # jedi raises assorted internal errors on odd code
+                return None
+        for name in names:
+            module_path = name.module_path
+            if module_path is None or name.line is None or name.type not in ("class", "function"):
+                continue
+            module_path = Path(module_path)
+            if module_path.suffix != ".py" or not self.contains(module_path):
+                continue
+            return module_path.resolve(), name.line
+        return None
+
+
+def _definition_at(facts: Facts, line: int, name: str) -> Definition | None:
+    info = facts.classes.get(name)
+    if info is not None and info.node.lineno <= line <= (info.node.end_lineno or line):
+        return Definition(facts, info.node)
+    function = facts.functions.get(name)
+    if function is not None:
+        return Definition(facts, function)
+    if info is not None:
+        return Definition(facts, info.node)
+    return None

@@ -1,0 +1,129 @@
+"""Cross-file understanding: imported model classes, factories and loss wrappers are followed
+into the files that define them, and edits to those files are seen on the next analysis."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchls.analysis import Workspace, analyze
+
+MODELS_SOFTMAX = """\
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(10, 3)
+
+    def forward(self, x):
+        return F.softmax(self.fc(x), dim=1)
+
+
+def build_classifier():
+    return nn.Sequential(nn.Linear(10, 3), nn.Softmax(dim=1))
+"""
+MODELS_LOGITS = MODELS_SOFTMAX.replace("F.softmax(self.fc(x), dim=1)", "self.fc(x)")
+LOSSES = """\
+import torch.nn as nn
+
+
+def make_criterion():
+    return nn.CrossEntropyLoss(label_smoothing=0.1)
+"""
+TRAIN = """\
+import torch
+import torch.nn as nn
+from models import Net, build_classifier
+from pkg.losses import make_criterion
+
+
+def train(loader):
+    model = Net()
+    other = build_classifier()
+    criterion = nn.CrossEntropyLoss()
+    wrapped = make_criterion()
+    optimizer = torch.optim.Adam(model.parameters())
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss = criterion(model(x), y)
+        loss = loss + wrapped(other(x), y)
+        loss.backward()
+        optimizer.step()
+"""
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    (tmp_path / "models.py").write_text(MODELS_SOFTMAX)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "losses.py").write_text(LOSSES)
+    (tmp_path / "train.py").write_text(TRAIN)
+    return tmp_path
+
+
+def findings(project: Path, workspace: Workspace | None):
+    train = project / "train.py"
+    return analyze(train.read_text(), str(train), workspace=workspace).findings
+
+
+def test_softmax_in_imported_model_class_is_found_with_related_location(project: Path) -> None:
+    found = [f for f in findings(project, Workspace(project)) if f.code == "TL101"]
+    assert [(f.span.start.row, f.span.start.column) for f in found] == [(15, 25), (16, 30)]
+    first = found[0]
+    assert "models.py" in first.message
+    assert first.related[0].filename == str((project / "models.py").resolve())
+    assert first.related[0].span.start.row == 11
+    # The factory's nn.Softmax is found too, through a loss built by an imported wrapper.
+    assert found[1].related[0].span.start.row == 15
+
+
+def test_without_a_workspace_nothing_is_guessed(project: Path) -> None:
+    assert findings(project, None) == []
+
+
+def test_editing_the_model_file_clears_the_finding(project: Path) -> None:
+    workspace = Workspace(project)
+    assert any(f.code == "TL101" for f in findings(project, workspace))
+    (project / "models.py").write_text(MODELS_LOGITS)
+    codes = [(f.span.start.row, f.code) for f in findings(project, workspace)]
+    assert codes == [(16, "TL101")]  # only the factory's softmax is left
+
+
+def test_overlay_text_wins_over_the_file_on_disk(project: Path) -> None:
+    models = (project / "models.py").resolve()
+    workspace = Workspace(project, overlay=lambda path: MODELS_LOGITS if path == models else None)
+    assert [f.span.start.row for f in findings(project, workspace)] == [16]
+
+
+def test_library_imports_are_not_resolved(project: Path) -> None:
+    workspace = Workspace(project)
+    findings(project, workspace)
+    # Net, build_classifier and make_criterion; never torch / torch.nn.
+    assert workspace.jedi_calls == 3
+    findings(project, workspace)
+    assert workspace.jedi_calls == 3  # answers are cached per file content
+
+
+def test_files_outside_the_workspace_root_are_ignored(project: Path, tmp_path_factory) -> None:
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    assert findings(project, Workspace(elsewhere)) == []
+
+
+def test_cli_reports_cross_file_finding(project: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "torchls", "check", "train.py"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "train.py:15:26: TL101" in result.stdout
+    assert "in models.py, line 11" in result.stdout
