@@ -30,7 +30,7 @@ def planted(path: Path) -> set[tuple[int, str]]:
     "example", sorted(EXAMPLES.rglob("*.py")), ids=lambda p: str(p.relative_to(EXAMPLES))
 )
 def test_example_findings_are_exactly_the_planted_bugs(example: Path) -> None:
-    # noqa markers are disabled so a planted bug cannot hide behind a suppression comment;
+    # Suppression comments are ignored so a planted bug cannot hide behind one;
     # the workspace lets two_files/train.py see the softmax in two_files/models.py.
     result = analyze(
         example.read_bytes(), str(example), respect_noqa=False, workspace=Workspace(EXAMPLES)
