@@ -477,6 +477,20 @@ class Facts:
                 index.setdefault(qualname, []).append(call)
         return index
 
+    @cached_property
+    def _calls_by_method(self) -> dict[str, list[ast.Call]]:
+        index: dict[str, list[ast.Call]] = {}
+        for call in self.calls:
+            if isinstance(call.func, ast.Attribute):
+                index.setdefault(call.func.attr, []).append(call)
+        return index
+
+    def method_calls(self, *methods: str) -> list[ast.Call]:
+        """Calls of `x.<method>(...)` for any receiver (`"backward"`, `"step"`), in file order."""
+        found = [c for m in methods for c in self._calls_by_method.get(m, ())]
+        found.sort(key=lambda c: (c.lineno, c.col_offset))
+        return found
+
     def calls_to(self, *qualnames: str) -> list[ast.Call]:
         """Calls of the given fully qualified functions (`"torch.load"`), in file order."""
         found = [c for q in qualnames for c in self._calls_by_qualname.get(q, ())]

@@ -127,11 +127,7 @@ def backward_twice(facts: Facts) -> Iterator[Hit]:
     Sum the losses and call `backward()` once: `(ce_loss + reg_loss).backward()`. No automatic
     fix: where the sum belongs depends on the code.
     """
-    backwards = [
-        call
-        for call in facts.calls
-        if facts.method_name(call) == "backward" and facts.receiver(call) is not None
-    ]
+    backwards = facts.method_calls("backward")
     by_place: dict[tuple[int, int], list[ast.Call]] = {}
     for call in backwards:
         loops = facts.enclosing_loops(call)
@@ -316,9 +312,7 @@ def disconnected_loss(facts: Facts) -> Iterator[Hit]:
     Call `backward()` on the loss tensor the criterion returned; use `.item()` only for
     logging. No automatic fix.
     """
-    for call in facts.calls:
-        if facts.method_name(call) != "backward" or facts.receiver(call) is None:
-            continue
+    for call in facts.method_calls("backward"):
         found = _detached_reason(facts, facts.receiver(call))  # type: ignore[arg-type]
         if found is None:
             continue

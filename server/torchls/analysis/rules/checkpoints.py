@@ -277,6 +277,8 @@ def _constructed(facts: Facts, kind: str) -> list[tuple[ast.Call, str]]:
     """In-file constructor calls of objects of `kind` ("optimizer", "scheduler", "scaler")."""
     found = []
     for call in facts.calls:
+        if facts.call_qualname(call) is None:
+            continue  # optimizers, schedulers and scalers are built by imported constructors
         found_kind = facts.kind_of(call)
         if found_kind is not None and found_kind.kind == kind and found_kind.node is call:
             found.append((call, found_kind.detail))
@@ -431,9 +433,7 @@ def load_state_dict_not_strict_unchecked(facts: Facts) -> Iterator[Hit]:
     `result = model.load_state_dict(state, strict=False)` then assert or log
     `result.missing_keys` / `result.unexpected_keys`. No automatic fix.
     """
-    for call in facts.calls:
-        if facts.method_name(call) != "load_state_dict":
-            continue
+    for call in facts.method_calls("load_state_dict"):
         keyword = _keyword(call, "strict")
         if keyword is None or not isinstance(keyword.value, ast.Constant):
             continue

@@ -237,7 +237,7 @@ def train_mode_not_restored(facts: Facts) -> Iterator[Hit]:
 
 
 def _steps(facts: Facts) -> Iterator[tuple[ast.Call, ast.expr]]:
-    for call in facts.calls:
+    for call in facts.method_calls("step"):
         optimizer = facts.optimizer_of_step(call)
         if optimizer is not None:
             yield call, optimizer
@@ -324,9 +324,9 @@ def _block_of(facts: Facts, stmt: ast.stmt) -> list[ast.stmt] | None:
 
 
 def _zero_grad_statements(facts: Facts) -> Iterator[tuple[ast.Call, ast.stmt, list[ast.stmt]]]:
-    for call in facts.calls:
+    for call in facts.method_calls("zero_grad"):
         statement = facts.parents.get(call)
-        if facts.is_zero_grad(call) and isinstance(statement, ast.Expr):
+        if isinstance(statement, ast.Expr):
             block = _block_of(facts, statement)
             if block is not None:
                 yield call, statement, block

@@ -17,9 +17,7 @@ MOVE_METHODS = {"to", "cuda"}
 def _moved_models(facts: Facts) -> dict[str, ast.Call]:
     """Model keys moved to an accelerator somewhere in the file → the moving call."""
     moved: dict[str, ast.Call] = {}
-    for call in facts.calls:
-        if facts.method_name(call) not in MOVE_METHODS:
-            continue
+    for call in facts.method_calls(*MOVE_METHODS):
         if facts.method_name(call) == "to":
             target = call.args[0] if call.args else None
             if target is None or (isinstance(target, ast.Constant) and target.value == "cpu"):
@@ -105,6 +103,11 @@ def batch_not_moved_to_device(facts: Facts) -> Iterator[Hit]:
 LOG_FUNCTIONS = {"torch.log"}
 
 
+def _log_calls(facts: Facts) -> list[ast.Call]:
+    methods = [c for c in facts.method_calls("log") if facts.call_qualname(c) is None]
+    return [*facts.calls_to(*LOG_FUNCTIONS), *methods]
+
+
 def _log_argument(facts: Facts, call: ast.Call) -> ast.expr | None:
     if facts.call_qualname(call) in LOG_FUNCTIONS and call.args:
         return call.args[0]
@@ -180,7 +183,7 @@ def log_of_softmax(facts: Facts) -> Iterator[Hit]:
     ## Fix
     `F.log_softmax(logits, dim=-1)` / `F.logsigmoid(x)`. The fix is safe.
     """
-    for call in facts.calls:
+    for call in _log_calls(facts):
         argument = _log_argument(facts, call)
         if not isinstance(argument, ast.Call):
             continue
@@ -226,7 +229,7 @@ def log_without_guard(facts: Facts) -> Iterator[Hit]:
     Guard it: `torch.log(probs.clamp_min(1e-8))` or `torch.log(probs + 1e-8)`, or compute in
     log space from the logits (`log_softmax`, `logsigmoid`). No automatic fix.
     """
-    for call in facts.calls:
+    for call in _log_calls(facts):
         argument = _log_argument(facts, call)
         if not isinstance(argument, ast.Name):
             continue
