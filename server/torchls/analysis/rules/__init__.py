@@ -3,6 +3,8 @@
 from torchls.analysis.rules import (  # noqa: F401
     autograd,
     checkpoints,
+    distributed,
+    lightning,
     losses,
     modes,
     numerics,

@@ -34,6 +34,17 @@ _FUNCTION_TYPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassD
 _LOOP_TYPES = (ast.For, ast.AsyncFor, ast.While)
 
 
+def clips_nothing(facts: Facts, clip: ast.Call) -> bool:
+    """`clip_grad_norm_(params, float("inf"))`: only measures the norm (for logging)."""
+    limit = next((k.value for k in clip.keywords if k.arg in ("max_norm", "clip_value")), None)
+    if limit is None and len(clip.args) > 1:
+        limit = clip.args[1]
+    if limit is None:
+        return False
+    text = facts.source.segment(limit).replace(" ", "").lower()
+    return text.endswith((".inf", "inf')", 'inf")')) or text in ("inf", "math.inf")
+
+
 # ---------------------------------------------------------------------- statement helpers
 def block_of(facts: Facts, stmt: ast.stmt) -> list[ast.stmt] | None:
     """The statement list that directly contains `stmt` (a body, an else, a handler...)."""
@@ -97,6 +108,18 @@ def loop_counters(facts: Facts, loop: ast.AST) -> set[str]:
 
 def position(node: ast.AST) -> tuple[int, int]:
     return (node.lineno, node.col_offset)  # type: ignore[attr-defined]
+
+
+def method_calls(facts: Facts, method: str) -> list[ast.Call]:
+    """Calls of `.method(...)` in file order, from an index built once per file."""
+    index = getattr(facts, "_calls_by_method", None)
+    if index is None:
+        index = {}
+        for call in facts.calls:
+            if isinstance(call.func, ast.Attribute):
+                index.setdefault(call.func.attr, []).append(call)
+        facts._calls_by_method = index  # type: ignore[attr-defined]
+    return index.get(method, [])
 
 
 def _statement_of_call(facts: Facts, call: ast.Call) -> ast.stmt | None:
@@ -269,8 +292,11 @@ def schedule_design(facts: Facts, constructor: ast.Call) -> str | None:
         length = _argument(constructor, parameter, index)
         return "epoch" if schedule_unit(facts, length) == "epoch" else None
     if name == "OneCycleLR":
-        if _argument(constructor, "steps_per_epoch", 4) is not None:
-            return "batch"
+        per_epoch = _argument(constructor, "steps_per_epoch", 4)
+        if per_epoch is not None:
+            # `steps_per_epoch=1` is a one-cycle schedule over epochs, stepped once per epoch.
+            single = isinstance(per_epoch, ast.Constant) and per_epoch.value == 1
+            return None if single else "batch"
         total = _argument(constructor, "total_steps", 2)
         return "batch" if schedule_unit(facts, total) == "step" else None
     if name == "CyclicLR":
@@ -350,7 +376,7 @@ def scheduler_before_optimizer(facts: Facts) -> Iterator[Hit]:
     moves the call after the last statement that steps the optimizer; it is unsafe because it
     changes the learning rate of every epoch.
     """
-    for call in facts.calls:
+    for call in method_calls(facts, "step"):
         if not is_scheduler_step(facts, call) or call.args or call.keywords:
             continue
         stmt = _statement_of_call(facts, call)
@@ -525,7 +551,7 @@ def epoch_scheduler_stepped_per_batch(facts: Facts) -> Iterator[Hit]:
     after `optimizer.step()`. For an epoch schedule stepped per batch, the quick fix moves the
     call after the batch loop; it is unsafe because it changes the learning rate.
     """
-    for call in facts.calls:
+    for call in method_calls(facts, "step"):
         if not is_scheduler_step(facts, call):
             continue
         found = scheduler_type(facts, facts.receiver(call))
@@ -543,9 +569,9 @@ def epoch_scheduler_stepped_per_batch(facts: Facts) -> Iterator[Hit]:
                 continue
             yield Hit(
                 call,
-                f"`{scheduler_text}` is a {name}, an epoch schedule, but it is stepped every "
-                "batch: it runs through its schedule once per epoch's worth of batches; step it "
-                "once per epoch, after the batch loop",
+                f"`{scheduler_text}` ({name}) is an epoch schedule, but it is stepped every "
+                "batch: the schedule runs as many times too fast as there are batches per "
+                "epoch; step it once per epoch, after the batch loop",
                 _move_after_loop(facts, call, loop),
             )
         elif design == "batch":
@@ -553,7 +579,7 @@ def epoch_scheduler_stepped_per_batch(facts: Facts) -> Iterator[Hit]:
                 continue
             yield Hit(
                 call,
-                f"`{scheduler_text}` is a {name}, sized in batches, but it is stepped once per "
+                f"`{scheduler_text}` ({name}) is sized in batches, but it is stepped once per "
                 "epoch: the schedule barely moves; step it after every `optimizer.step()`",
             )
 
@@ -637,7 +663,7 @@ def grad_scaler_without_update(facts: Facts) -> Iterator[Hit]:
     Call `scaler.update()` once per iteration, right after the last `scaler.step(...)`. The
     fix inserts it after the step (after the loop over optimizers when there is one).
     """
-    for call in facts.calls:
+    for call in method_calls(facts, "step"):
         if not is_scaler_call(facts, call, "step") or not call.args:
             continue
         answer = _update_in_iteration(facts, call)
@@ -653,13 +679,16 @@ def grad_scaler_without_update(facts: Facts) -> Iterator[Hit]:
 
 
 def _no_update_anywhere(facts: Facts) -> bool:
-    return not any(is_scaler_call(facts, c, "update") for c in facts.calls)
+    return not any(is_scaler_call(facts, c, "update") for c in method_calls(facts, "update"))
 
 
 def _insert_update(facts: Facts, call: ast.Call, scaler_text: str) -> Fix | None:
     stmt = facts.enclosing_statement(call)
     if stmt is None or facts.parents.get(call) is not stmt:
         return None
+    scope = facts.enclosing_function(call) or facts.tree
+    if _updates_scaler(facts, scope):
+        return None  # an update elsewhere (after the loop): moving it is the author's call
     iteration = _iteration_of(facts, call)
     anchor: ast.stmt = stmt
     for loop in facts.enclosing_loops(call):
@@ -726,6 +755,8 @@ def clip_scaled_gradients(facts: Facts) -> Iterator[Hit]:
     are already unscaled. The fix inserts it.
     """
     for clip in facts.calls_to(*CLIP_FUNCTIONS):
+        if clips_nothing(facts, clip):
+            continue
         scope = facts.enclosing_function(clip) or facts.tree
         calls = facts.calls_in(scope)
         here = position(clip)
@@ -771,9 +802,18 @@ def _insert_unscale(facts: Facts, clip: ast.Call, steps: list[ast.Call]) -> Fix 
     step_stmt = _statement_of_call(facts, step)
     if clip_stmt is None or step_stmt is None or not owns_lines(facts, clip_stmt):
         return None
-    block = block_of(facts, clip_stmt)
-    if block is None or not any(item is step_stmt for item in block):
-        return None  # the step is conditional where the clip is not (or the reverse)
+    step_block = block_of(facts, step_stmt)
+    current: ast.AST = clip_stmt
+    while step_block is not None and not any(item is current for item in step_block):
+        # Up through `if`/`with` only: the clip then runs at most once per step. A clip that
+        # runs where the step is conditional (accumulation) would unscale twice and raise.
+        current = facts.parents.get(current)  # type: ignore[assignment]
+        if not isinstance(current, (ast.If, ast.With, ast.AsyncWith)):
+            return None
+    if step_block is None:
+        return None
+    if index_in(step_block, current) > index_in(step_block, step_stmt):  # type: ignore[arg-type]
+        return None
     scaler_text = facts.source.segment(facts.receiver(step))  # type: ignore[arg-type]
     optimizer_text = facts.source.segment(step.args[0])
     return Fix(
@@ -794,6 +834,9 @@ _UNCONDITIONAL = (
     ast.expr,
     ast.keyword,
 )
+
+
+_BRANCHING = (ast.If, ast.Try, ast.IfExp, ast.BoolOp, ast.Match, getattr(ast, "TryStar", ast.Try))
 
 
 def _lowest_common_ancestor(facts: Facts, first: ast.AST, second: ast.AST) -> ast.AST | None:
@@ -823,9 +866,7 @@ def run_together(facts: Facts, first: ast.AST, second: ast.AST) -> bool:
     """True when `first` and `second` always run together: same function, no branch or inner
     loop separating them."""
     ancestor = _lowest_common_ancestor(facts, first, second)
-    if ancestor is None or isinstance(ancestor, (ast.If, ast.Try, ast.IfExp, ast.BoolOp)):
-        return False
-    if isinstance(ancestor, ast.Match) or isinstance(ancestor, getattr(ast, "TryStar", ast.Try)):
+    if ancestor is None or isinstance(ancestor, _BRANCHING):
         return False
     return _path_unconditional(facts, first, ancestor) and _path_unconditional(
         facts, second, ancestor
@@ -862,10 +903,11 @@ def double_optimizer_step(facts: Facts) -> Iterator[Hit]:
     ## Fix
     Keep only `scaler.step(optimizer)` when mixed precision is on. No automatic fix.
     """
-    scaler_steps = [c for c in facts.calls if is_scaler_call(facts, c, "step") and c.args]
+    steps = method_calls(facts, "step")
+    scaler_steps = [c for c in steps if is_scaler_call(facts, c, "step") and c.args]
     if not scaler_steps:
         return
-    for call in facts.calls:
+    for call in steps:
         if not is_plain_optimizer_step(facts, call):
             continue
         key = facts.key(facts.receiver(call))
@@ -909,9 +951,9 @@ def _amp_uses(facts: Facts) -> Iterator[tuple[ast.AST, ast.expr, str]]:
         qualname = facts.call_qualname(call)
         if qualname in AMP_REPLACEMENTS:
             yield call, call.func, qualname
-    for function in [*facts.functions.values()] + [
-        m for info in facts.classes.values() for m in info.methods.values()
-    ]:
+    for function in facts.scope_nodes:
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
         for decorator in function.decorator_list:
             qualname = facts.qualname(decorator)
             if qualname in AMP_REPLACEMENTS and not isinstance(decorator, ast.Call):
@@ -1008,8 +1050,15 @@ def _amp_fix(
         first = f'device_type="{device}"' + (", " if call.keywords else "")
         edits.append(insert_at(*opening, first))
         return Fix("safe", message, tuple(edits))
-    has_arguments = bool(call.args or call.keywords)
-    edits.append(insert_at(*opening, f'"{device}", ' if has_arguments else f'"{device}"'))
+    arguments = sorted([*call.args, *call.keywords], key=position)
+    if arguments:
+        # Before the first argument (keeps a multi-line call's layout). Inserts at the same
+        # position merge into one edit: `autocast(True)` → `autocast("cuda", enabled=True)`.
+        row = arguments[0].lineno
+        first = (row, facts.source.column(row, arguments[0].col_offset))
+        inserts = {first: f'"{device}", '}
+    else:
+        inserts = {opening: f'"{device}"'}
     if name == "autocast":
         if len(call.args) > len(AUTOCAST_POSITIONAL):
             return None
@@ -1017,9 +1066,9 @@ def _amp_fix(
             if any(k.arg == parameter for k in call.keywords):
                 return None
             row = argument.lineno
-            edits.append(
-                insert_at(row, facts.source.column(row, argument.col_offset), f"{parameter}=")
-            )
+            where = (row, facts.source.column(row, argument.col_offset))
+            inserts[where] = inserts.get(where, "") + f"{parameter}="
+    edits.extend(insert_at(row, column, text) for (row, column), text in inserts.items())
     return Fix("safe", message, tuple(edits))
 
 
@@ -1055,8 +1104,8 @@ def plateau_step_without_metric(facts: Facts) -> Iterator[Hit]:
     Pass the monitored value: `scheduler.step(val_loss)`. No automatic fix (which metric to
     pass is the author's choice).
     """
-    for call in facts.calls:
-        if facts.method_name(call) != "step" or call.args or call.keywords:
+    for call in method_calls(facts, "step"):
+        if call.args or call.keywords:
             continue
         found = scheduler_type(facts, facts.receiver(call))
         if found is None or found[0] != "ReduceLROnPlateau":
@@ -1148,7 +1197,7 @@ def clip_after_step(facts: Facts) -> Iterator[Hit]:
     """
     for clip in facts.calls_to(*CLIP_FUNCTIONS):
         stmt = facts.enclosing_statement(clip)
-        if stmt is None:
+        if stmt is None or clips_nothing(facts, clip):
             continue
         previous = _previous_event(facts, stmt)
         if previous is None or previous[0] != "step":
