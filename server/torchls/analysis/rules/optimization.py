@@ -111,15 +111,8 @@ def position(node: ast.AST) -> tuple[int, int]:
 
 
 def method_calls(facts: Facts, method: str) -> list[ast.Call]:
-    """Calls of `.method(...)` in file order, from an index built once per file."""
-    index = getattr(facts, "_calls_by_method", None)
-    if index is None:
-        index = {}
-        for call in facts.calls:
-            if isinstance(call.func, ast.Attribute):
-                index.setdefault(call.func.attr, []).append(call)
-        facts._calls_by_method = index  # type: ignore[attr-defined]
-    return index.get(method, [])
+    """Calls of `.method(...)` in file order (the index lives on the facts)."""
+    return facts.method_calls(method)
 
 
 def _statement_of_call(facts: Facts, call: ast.Call) -> ast.stmt | None:
