@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from torchls.analysis.facts import Facts, FunctionNode
@@ -47,6 +47,14 @@ def _mark_back_edge(state: State) -> State:
     }
 
 
+class CallInfo(NamedTuple):
+    method: str | None
+    receiver_key: str | None
+    called_key: str | None
+    is_model: bool
+    function: FunctionNode | None
+
+
 @dataclass
 class ModeAnalysis:
     facts: Facts
@@ -56,6 +64,7 @@ class ModeAnalysis:
     _effects: dict[ast.AST, State] = field(default_factory=dict)
     _effect_stack: set[ast.AST] = field(default_factory=set)
     _pending_entries: dict[ast.AST, State] = field(default_factory=dict)
+    _calls: dict[ast.Call, CallInfo] = field(default_factory=dict)
 
     def run(self) -> None:
         facts = self.facts
@@ -136,10 +145,24 @@ class ModeAnalysis:
             state = self._call(call, state)
         return state
 
+    def _describe(self, call: ast.Call) -> CallInfo:
+        """What the interpreter needs to know about a call, computed once per call (loops and
+        the second round visit the same calls again)."""
+        info = self._calls.get(call)
+        if info is None:
+            facts = self.facts
+            info = CallInfo(
+                facts.method_name(call),
+                facts.key(facts.receiver(call)),
+                facts.key(call.func),
+                self._is_model_call(call),
+                facts.called_function(call),
+            )
+            self._calls[call] = info
+        return info
+
     def _call(self, call: ast.Call, state: State) -> State:
-        facts = self.facts
-        method = facts.method_name(call)
-        receiver_key = facts.key(facts.receiver(call))
+        method, receiver_key, called_key, is_model, function = self._describe(call)
         if method in ("train", "eval") and receiver_key is not None and not call.keywords:
             mode = "train"
             if method == "eval" and not call.args:
@@ -152,11 +175,9 @@ class ModeAnalysis:
                     return {**state, receiver_key: UNKNOWN}
                 mode = "train" if flag.value else "eval"
             return {**state, receiver_key: frozenset({ModeFact(mode, call)})}
-        called_key = facts.key(call.func)
-        if (called_key is not None and called_key in state) or self._is_model_call(call):
+        if (called_key is not None and called_key in state) or is_model:
             key = called_key or ""
             self.at_call[call] = self.at_call.get(call, frozenset()) | state.get(key, UNKNOWN)
-        function = facts.called_function(call)
         if function is not None:
             state = self._apply_helper(call, function, state)
         return state
