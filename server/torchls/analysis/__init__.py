@@ -54,17 +54,21 @@ def analyze(
     enabled: Callable[[str], bool] | None = None,
     respect_noqa: bool = True,
     workspace: Workspace | None = None,
+    previous: ParsedSource | None = None,
 ) -> AnalysisResult:
     """Run every enabled rule on one file's source. With a `workspace`, names imported from
-    other project files are followed into them (model classes, factories, loss wrappers)."""
+    other project files are followed into them (model classes, factories, loss wrappers).
+    `previous` (the `parsed` of this document's last result) lets an editor re-parse only the
+    statements an edit touched; its unchanged statements are reused, so it must not be in use
+    by another analysis at the same time."""
     from torchls.analysis.facts import build_facts
     from torchls.analysis.noqa import is_silenced, noqa_map
 
     try:
         text = decode_source(source) if isinstance(source, bytes) else source
-        from torchls.analysis.source import parse_source
+        from torchls.analysis.source import reparse
 
-        parsed = parse_source(text)
+        parsed = reparse(previous, text)
         rules = [r for r in all_rules() if enabled is None or enabled(r.code)]
         facts = build_facts(parsed, filename, workspace)
         silenced = noqa_map(parsed.lines) if respect_noqa else {}

@@ -155,3 +155,60 @@ def _next_row_to_blank(working: list[str], row: int, blanked: set[int]) -> int |
     if row in blanked:
         return None
     return row
+
+
+def _statement_rows(stmt: ast.stmt) -> tuple[int, int]:
+    first = min([stmt.lineno, *(d.lineno for d in getattr(stmt, "decorator_list", ()))])
+    return first, stmt.end_lineno or stmt.lineno
+
+
+def reparse(previous: ParsedSource | None, text: str) -> ParsedSource:
+    """Parse `text`, reusing the unchanged top-level statements of `previous`.
+
+    An editor sends the whole document after each keystroke, but only a statement or two
+    changed. Only the changed region (whole top-level statements) is parsed again; statements
+    after it keep their trees, shifted by the number of lines added or removed. Anything
+    unusual (syntax errors before or after, a region that does not parse on its own) falls
+    back to a full `parse_source`, so the result is always the same as parsing from scratch.
+    """
+    if previous is None or previous.syntax_errors or previous.blanked_rows:
+        return parse_source(text)
+    lines = split_lines(text)
+    old_lines = previous.lines
+    if lines == old_lines:
+        return ParsedSource(text, lines, previous.tree)
+    limit = min(len(lines), len(old_lines))
+    prefix = 0
+    while prefix < limit and lines[prefix] == old_lines[prefix]:
+        prefix += 1
+    suffix = 0
+    while (
+        suffix < limit - prefix
+        and lines[len(lines) - 1 - suffix] == old_lines[len(old_lines) - 1 - suffix]
+    ):
+        suffix += 1
+    delta = len(lines) - len(old_lines)
+    first_changed = prefix + 1  # 1-based row of the first changed line (old and new)
+    last_changed_old = len(old_lines) - suffix  # last changed row in the old text
+    before: list[ast.stmt] = []
+    after: list[ast.stmt] = []
+    for stmt in previous.tree.body:
+        start, end = _statement_rows(stmt)
+        if end < first_changed:
+            before.append(stmt)
+        elif start > last_changed_old:
+            after.append(stmt)
+    region_start = (_statement_rows(before[-1])[1] + 1) if before else 1
+    region_end = (_statement_rows(after[0])[0] - 1 + delta) if after else len(lines)
+    region = "\n".join(lines[region_start - 1 : region_end])
+    try:
+        middle = ast.parse(region, type_comments=False)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return parse_source(text)
+    if region_start > 1:
+        ast.increment_lineno(middle, region_start - 1)
+    if delta:
+        for stmt in after:
+            ast.increment_lineno(stmt, delta)
+    tree = ast.Module(body=[*before, *middle.body, *after], type_ignores=[])
+    return ParsedSource(text, lines, tree)
