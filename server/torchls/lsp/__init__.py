@@ -1,0 +1,43 @@
+"""The torchls language server (pygls 2): diagnostics, code actions and hover over stdio.
+
+`create_server()` builds a `TorchLanguageServer` with every feature module registered (one module
+per feature, esbonio style); `start_stdio()` runs it on stdin/stdout, which `torchls server`
+calls. Nothing but protocol messages may reach stdout, so logging goes to stderr.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from torchls.lsp.server import TorchLanguageServer
+
+__all__ = ["TorchLanguageServer", "create_server", "start_stdio"]
+
+
+def create_server() -> TorchLanguageServer:
+    """A new server with the configuration, diagnostics, code action and hover features."""
+    from torchls.lsp import code_actions, configuration, diagnostics, hover
+
+    server = TorchLanguageServer()
+    configuration.register(server)
+    diagnostics.register(server)
+    code_actions.register(server)
+    hover.register(server)
+    return server
+
+
+def start_stdio() -> None:
+    """Serve LSP on stdin/stdout until the client says exit."""
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.WARNING,
+        format="torchls %(levelname)s %(name)s: %(message)s",
+    )
+    # pygls logs every message body at INFO; keep it quiet (lsp-notes §1.2).
+    logging.getLogger("pygls").setLevel(logging.WARNING)
+    protocol_out = sys.stdout.buffer
+    # Anything else that prints (a rule, a library) must not corrupt the protocol stream.
+    sys.stdout = sys.stderr
+    server = create_server()
+    server.start_io(sys.stdin.buffer, protocol_out)

@@ -1,0 +1,257 @@
+"""Code actions: apply a finding's fix, silence it with `# noqa`, or fix everything safe.
+
+In: `textDocument/codeAction` (range, context diagnostics, `only` kinds). Out: `CodeAction`s:
+
+- `quickfix` "Fix TLxxx: <message>" for each torchls finding in range that has a fix (unsafe
+  fixes say "(unsafe)" and are never preferred),
+- `quickfix` "Disable TLxxx for this line" for each torchls finding in range,
+- `source.fixAll.torchls`, all SAFE fixes of the document in one edit (re-analysing until no
+  more apply, since fixes that overlap wait for the next pass).
+
+Edits are computed from a fresh analysis of the current document version, never from a
+diagnostic's stored data, so they always match the text they will be applied to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from lsprotocol import types
+from pygls.capabilities import get_capability
+
+from torchls.analysis import Finding, analyze
+from torchls.analysis.fixes import apply_fixes, fixes_to_apply
+from torchls.analysis.noqa import add_code_to_line
+from torchls.lsp.diagnostics import SOURCE, to_diagnostics
+from torchls.lsp.positions import LineIndex
+from torchls.lsp.server import Outcome, Snapshot, TorchLanguageServer, selection_for
+from torchls.lsp.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+FIX_ALL_KIND = f"{types.CodeActionKind.SourceFixAll.value}.{SOURCE}"
+MAX_FIX_PASSES = 5
+
+
+def _wanted(kind: str, only: list[str] | None) -> bool:
+    """Whether `kind` is requested: kinds are hierarchical, `source` covers `source.fixAll.x`."""
+    if not only:
+        return True
+    return any(kind == wanted or kind.startswith(f"{wanted}.") for wanted in only)
+
+
+def _overlaps(a: types.Range, b: types.Range) -> bool:
+    def key(position: types.Position) -> tuple[int, int]:
+        return position.line, position.character
+
+    return key(a.start) <= key(b.end) and key(b.start) <= key(a.end)
+
+
+def _workspace_edit(
+    server: TorchLanguageServer, snapshot: Snapshot, edits: list[types.TextEdit]
+) -> types.WorkspaceEdit:
+    """Versioned document changes when the client takes them (so a stale edit is refused),
+    else the plain `changes` map every client understands."""
+    if get_capability(
+        server.client_capabilities, "workspace.workspace_edit.document_changes", False
+    ):
+        document = types.OptionalVersionedTextDocumentIdentifier(
+            uri=snapshot.uri, version=snapshot.version
+        )
+        return types.WorkspaceEdit(
+            document_changes=[types.TextDocumentEdit(text_document=document, edits=edits)]
+        )
+    return types.WorkspaceEdit(changes={snapshot.uri: edits})
+
+
+def _matching_diagnostic(
+    finding_diagnostic: types.Diagnostic, context: list[types.Diagnostic]
+) -> types.Diagnostic:
+    """The client's own diagnostic for this finding when it sent one (clients match actions to
+    diagnostics by identity), else ours."""
+    for diagnostic in context:
+        if (
+            diagnostic.source == SOURCE
+            and diagnostic.code == finding_diagnostic.code
+            and _overlaps(diagnostic.range, finding_diagnostic.range)
+        ):
+            return diagnostic
+    return finding_diagnostic
+
+
+def _fix_action(
+    server: TorchLanguageServer,
+    finding: Finding,
+    diagnostic: types.Diagnostic,
+    index: LineIndex,
+    snapshot: Snapshot,
+) -> types.CodeAction | None:
+    fix = finding.fix
+    if fix is None:
+        return None
+    unsafe = fix.applicability != "safe"
+    title = f"Fix {finding.code}: {fix.message}" + (" (unsafe)" if unsafe else "")
+    edits = [types.TextEdit(range=index.range(e.span), new_text=e.content) for e in fix.edits]
+    return types.CodeAction(
+        title=title,
+        kind=types.CodeActionKind.QuickFix,
+        diagnostics=[diagnostic],
+        is_preferred=None if unsafe else True,
+        edit=_workspace_edit(server, snapshot, edits),
+    )
+
+
+def _noqa_action(
+    server: TorchLanguageServer,
+    finding: Finding,
+    diagnostic: types.Diagnostic,
+    index: LineIndex,
+    snapshot: Snapshot,
+) -> types.CodeAction | None:
+    row = finding.span.start.row
+    line = index.line(row)
+    if line.rstrip().endswith("\\"):
+        return None  # a comment after a line continuation would break the code
+    new_line = add_code_to_line(line, finding.code)
+    if new_line == line:
+        return None  # already silenced, by a bare noqa comment say
+    edit = types.TextEdit(
+        range=types.Range(index.position(row, 0), index.position(row, len(line))),
+        new_text=new_line,
+    )
+    return types.CodeAction(
+        title=f"Disable {finding.code} for this line",
+        kind=types.CodeActionKind.QuickFix,
+        diagnostics=[diagnostic],
+        edit=_workspace_edit(server, snapshot, [edit]),
+    )
+
+
+def fix_all_text(
+    text: str, path: str | None, config_start: str | None, settings: Settings, uri: str
+) -> str:
+    """Run on the worker thread: `text` with every safe fix applied, pass after pass."""
+    selection, relative, _ = selection_for(path, config_start, settings)
+    filename = path or uri
+    for _ in range(MAX_FIX_PASSES):
+        result = analyze(text, filename, enabled=lambda code: selection.enabled(code, relative))
+        if result.error is not None:
+            break
+        text, applied = apply_fixes(text, fixes_to_apply(result.findings, unsafe=False))
+        if applied == 0:
+            break
+    return text
+
+
+def minimal_edit(index: LineIndex, new_text: str) -> types.TextEdit:
+    """One edit turning `index.text` into `new_text`, covering only the part that differs."""
+    old = index.text
+    limit = min(len(old), len(new_text))
+    prefix = 0
+    while prefix < limit and old[prefix] == new_text[prefix]:
+        prefix += 1
+    # Never split a \r\n: a position between the two is not a valid LSP position.
+    if 0 < prefix < len(old) and old[prefix - 1] == "\r" and old[prefix] == "\n":
+        prefix -= 1
+    suffix = 0
+    while (
+        suffix < limit - prefix
+        and old[len(old) - 1 - suffix] == new_text[len(new_text) - 1 - suffix]
+    ):
+        suffix += 1
+    end = len(old) - suffix
+    if 0 < end < len(old) and old[end - 1] == "\r" and old[end] == "\n":
+        end += 1  # take the \n into the replaced part (it is in the suffix, so suffix >= 1)
+        suffix -= 1
+    return types.TextEdit(
+        range=types.Range(index.position_at_offset(prefix), index.position_at_offset(end)),
+        new_text=new_text[prefix : len(new_text) - suffix],
+    )
+
+
+async def _fix_all_action(
+    server: TorchLanguageServer, snapshot: Snapshot, outcome: Outcome
+) -> types.CodeAction | None:
+    if not any(f.fix is not None and f.fix.applicability == "safe" for f in outcome.findings):
+        return None
+    loop = asyncio.get_running_loop()
+    new_text = await loop.run_in_executor(
+        server.analysis_pool,
+        fix_all_text,
+        snapshot.source,
+        *server.paths_of(snapshot.uri),
+        server.settings,
+        snapshot.uri,
+    )
+    if new_text == snapshot.source:
+        return None
+    edit = minimal_edit(server.line_index(snapshot.source), new_text)
+    return types.CodeAction(
+        title="Fix all safely fixable torchls problems",
+        kind=FIX_ALL_KIND,
+        edit=_workspace_edit(server, snapshot, [edit]),
+    )
+
+
+async def code_actions(
+    server: TorchLanguageServer, params: types.CodeActionParams
+) -> list[types.CodeAction] | None:
+    """All torchls actions for the requested range and kinds."""
+    uri = params.text_document.uri
+    await server.wait_for_settings()
+    snapshot = server.snapshot(uri)
+    if snapshot is None or not server.settings.enable:
+        return None
+    only = [
+        str(kind.value if hasattr(kind, "value") else kind) for kind in params.context.only or []
+    ]
+    outcome = await server.analyse(snapshot)
+    if outcome.error is not None:
+        return None
+    actions: list[types.CodeAction] = []
+    if _wanted(types.CodeActionKind.QuickFix.value, only):
+        index = server.line_index(snapshot.source)
+        requested_codes = {
+            d.code for d in params.context.diagnostics if d.source == SOURCE and d.code
+        }
+        diagnostics = to_diagnostics(server, outcome, related_support=False)
+        fixes, silencers = [], []
+        seen_lines: set[tuple[str, int]] = set()
+        for finding, diagnostic in zip(outcome.findings, diagnostics, strict=True):
+            if not _overlaps(diagnostic.range, params.range):
+                continue
+            if requested_codes and finding.code not in requested_codes:
+                continue
+            diagnostic = _matching_diagnostic(diagnostic, params.context.diagnostics)
+            if (action := _fix_action(server, finding, diagnostic, index, snapshot)) is not None:
+                fixes.append(action)
+            key = (finding.code, finding.span.start.row)
+            if key not in seen_lines:
+                seen_lines.add(key)
+                action = _noqa_action(server, finding, diagnostic, index, snapshot)
+                if action is not None:
+                    silencers.append(action)
+        actions.extend(fixes)
+        actions.extend(silencers)
+    if _wanted(FIX_ALL_KIND, only) and (action := await _fix_all_action(server, snapshot, outcome)):
+        actions.append(action)
+    if not server.is_current(snapshot):
+        return None  # the text changed meanwhile; these edits would no longer apply
+    return actions or None
+
+
+def register(server: TorchLanguageServer) -> None:
+    """Attach the code action handler to `server`."""
+
+    @server.feature(
+        types.TEXT_DOCUMENT_CODE_ACTION,
+        types.CodeActionOptions(
+            code_action_kinds=[types.CodeActionKind.QuickFix, FIX_ALL_KIND],
+            resolve_provider=False,
+        ),
+    )
+    async def code_action(
+        ls: TorchLanguageServer, params: types.CodeActionParams
+    ) -> list[types.CodeAction] | None:
+        return await code_actions(ls, params)

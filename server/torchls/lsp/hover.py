@@ -1,0 +1,61 @@
+"""Hover: the static contract of the loss under the cursor (input/target shapes and dtypes).
+
+In: `textDocument/hover` at an LSP position. Out: Markdown from
+`torchls.analysis.loss_contract_at` (plain text for clients that only take plain text), or None
+when the cursor is not on a loss.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from lsprotocol import types
+from pygls.capabilities import get_capability
+
+from torchls.analysis import loss_contract_at
+from torchls.lsp.server import MAX_DOCUMENT_CHARS, TorchLanguageServer
+
+logger = logging.getLogger(__name__)
+
+
+def _content_kind(server: TorchLanguageServer) -> types.MarkupKind:
+    formats = get_capability(server.client_capabilities, "text_document.hover.content_format", None)
+    if formats and types.MarkupKind.Markdown not in formats:
+        return types.MarkupKind.PlainText
+    return types.MarkupKind.Markdown
+
+
+def _contract(source: str, row: int, column: int, filename: str) -> str | None:
+    try:
+        return loss_contract_at(source, row, column, filename)
+    except Exception:  # a hover must never take the server down
+        logger.exception("loss contract lookup failed")
+        return None
+
+
+async def hover(server: TorchLanguageServer, params: types.HoverParams) -> types.Hover | None:
+    """The loss contract at `params.position`, or None."""
+    await server.wait_for_settings()
+    snapshot = server.snapshot(params.text_document.uri)
+    if snapshot is None or not server.settings.enable:
+        return None
+    if len(snapshot.source) > MAX_DOCUMENT_CHARS:
+        return None
+    row, column = server.line_index(snapshot.source).from_position(params.position)
+    path, _ = server.paths_of(snapshot.uri)
+    loop = asyncio.get_running_loop()
+    markdown = await loop.run_in_executor(
+        server.analysis_pool, _contract, snapshot.source, row, column, path or snapshot.uri
+    )
+    if not markdown:
+        return None
+    return types.Hover(contents=types.MarkupContent(kind=_content_kind(server), value=markdown))
+
+
+def register(server: TorchLanguageServer) -> None:
+    """Attach the hover handler to `server`."""
+
+    @server.feature(types.TEXT_DOCUMENT_HOVER)
+    async def on_hover(ls: TorchLanguageServer, params: types.HoverParams) -> types.Hover | None:
+        return await hover(ls, params)

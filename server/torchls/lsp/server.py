@@ -1,0 +1,290 @@
+"""The torchls language server object: settings, per-document state and the analysis runner.
+
+Feature modules (`diagnostics`, `code_actions`, `hover`, `settings` handlers in `lifecycle`)
+register their handlers on one `TorchLanguageServer`; this module owns what they share:
+
+- the effective `Settings` and an event that is set once the client's configuration is known,
+- one `DocumentState` per open document (the newest diagnostics request and cached results),
+- `analyse()`, which runs the pure analysis on a single worker thread so the event loop stays
+  responsive, and caches the result per (document version, settings generation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from lsprotocol import types
+from pygls.lsp.server import LanguageServer
+from pygls.uris import to_fs_path
+from pygls.workspace import TextDocument, Workspace
+
+from torchls import __version__
+from torchls.analysis import Finding, analyze
+from torchls.analysis.selection import RuleSelection
+from torchls.config import ConfigError, ProjectConfig, load_config
+from torchls.lsp.positions import UTF16, LineIndex
+from torchls.lsp.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+SETTINGS_WAIT_S = 5.0
+"""How long document work waits for the client's configuration before using what it has."""
+
+MAX_DOCUMENT_CHARS = 5_000_000
+"""Documents larger than this are not analysed (no training script is this long)."""
+
+
+_LSP_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+
+
+class LspTextDocument(TextDocument):
+    """A pygls `TextDocument` whose lines break only where LSP (and Python) break them.
+
+    pygls splits with `str.splitlines()`, which also breaks at \f, \v, \x1c-\x1e, \x85,
+    \u2028 and \u2029: an incremental change below such a character would be applied to the
+    wrong line and the server's text would silently diverge from the editor's.
+    """
+
+    @property
+    def lines(self) -> tuple[str, ...]:
+        return tuple(_LSP_LINE.findall(self.source))
+
+
+class LspWorkspace(Workspace):
+    """A pygls `Workspace` that creates `LspTextDocument`s."""
+
+    def _create_text_document(
+        self,
+        doc_uri: str,
+        source: str | None = None,
+        version: int | None = None,
+        language_id: str | None = None,
+    ) -> TextDocument:
+        return LspTextDocument(
+            doc_uri,
+            source=source,
+            version=version,
+            language_id=language_id,
+            sync_kind=self._sync_kind,
+            position_codec=self.position_codec,
+        )
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The text of one document version, taken when a request for diagnostics arrived."""
+
+    uri: str
+    version: int | None
+    source: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one analysis produced, ready for every feature that needs findings."""
+
+    snapshot: Snapshot
+    findings: tuple[Finding, ...] = ()
+    error: str | None = None
+    config_error: str | None = None
+
+
+@dataclass
+class DocumentState:
+    """Per open document: who may publish next, the last saved snapshot and a result cache."""
+
+    sequence: int = 0  # incremented for every diagnostics request
+    claimed: int = 0  # the newest request that decided it will publish
+    task: asyncio.Task[None] | None = None  # the request holding the claim
+    pending: set[asyncio.Task[None]] = field(default_factory=set)  # every live request
+    saved: Snapshot | None = None  # text at didOpen / didSave (what run=onSave checks)
+    cache: dict[tuple[int | None, int, str], Outcome] = field(default_factory=dict)
+
+    def keep(self, task: asyncio.Task[None]) -> None:
+        """Hold a reference until the task ends (the event loop only keeps weak ones)."""
+        self.pending.add(task)
+        task.add_done_callback(self.pending.discard)
+
+    def cancel_all(self) -> None:
+        for task in list(self.pending):
+            task.cancel()
+
+
+class TorchLanguageServer(LanguageServer):
+    """A `LanguageServer` that knows torchls settings and keeps per-document state."""
+
+    def __init__(self) -> None:
+        super().__init__("torchls", __version__)
+        self.settings = Settings()
+        self.settings_generation = 0
+        self.settings_ready = asyncio.Event()
+        self.trusted = False
+        self.pull_diagnostics = False
+        self.documents: dict[str, DocumentState] = {}
+        self.initialize_hooks: list[Callable[[types.InitializeParams], None]] = []
+        self._reported: set[str] = set()
+        # One worker: the analysis is pure Python (the GIL makes more threads no faster), and a
+        # FIFO queue keeps results in request order.
+        self.analysis_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchls")
+
+    # -- capabilities ---------------------------------------------------------------------------
+
+    def adopt_workspace(self) -> None:
+        """Make the workspace pygls created during `initialize` an `LspWorkspace` (it adds no
+        state, only the document factory), before any document arrives."""
+        if type(self.workspace) is Workspace:
+            self.workspace.__class__ = LspWorkspace
+
+    @property
+    def position_encoding(self) -> str:
+        encoding = self.workspace.position_encoding
+        return str(encoding.value if hasattr(encoding, "value") else encoding or UTF16)
+
+    def line_index(self, text: str) -> LineIndex:
+        return LineIndex(text, self.position_encoding)
+
+    # -- messages -------------------------------------------------------------------------------
+
+    def warn_once(self, message: str) -> None:
+        """A `window/showMessage` warning, at most once per distinct message per session."""
+        if message in self._reported:
+            return
+        self._reported.add(message)
+        logger.warning("%s", message)
+        self.window_show_message(
+            types.ShowMessageParams(type=types.MessageType.Warning, message=message)
+        )
+
+    def log(self, message: str, kind: types.MessageType = types.MessageType.Log) -> None:
+        self.window_log_message(types.LogMessageParams(type=kind, message=message))
+
+    def report_server_error(self, error: Exception, source: object) -> None:
+        # A handler bug must not pop up a dialog on every keystroke; log it instead.
+        logger.error("torchls internal error (%s): %s", getattr(source, "__name__", source), error)
+        with contextlib.suppress(Exception):
+            self.log(f"torchls internal error: {error}", types.MessageType.Error)
+
+    # -- settings -------------------------------------------------------------------------------
+
+    def set_settings(self, settings: Settings) -> bool:
+        """Install new effective settings; True when they differ from the old ones."""
+        if settings == self.settings:
+            return False
+        self.settings = settings
+        self.settings_generation += 1
+        return True
+
+    async def wait_for_settings(self) -> None:
+        """Wait until the client's configuration is in force (or the wait times out)."""
+        if self.settings_ready.is_set():
+            return
+        try:
+            await asyncio.wait_for(self.settings_ready.wait(), SETTINGS_WAIT_S)
+        except asyncio.TimeoutError:
+            logger.warning(
+                "no configuration from the client after %ss; using defaults", SETTINGS_WAIT_S
+            )
+
+    # -- documents ------------------------------------------------------------------------------
+
+    def snapshot(self, uri: str) -> Snapshot | None:
+        """The current text of an open document, or None when it is not open."""
+        if uri not in self.documents:
+            return None
+        document = self.workspace.get_text_document(uri)
+        return Snapshot(uri, document.version, document.source)
+
+    def is_current(self, snapshot: Snapshot) -> bool:
+        """Whether `snapshot` still is the document's text."""
+        if snapshot.uri not in self.documents:
+            return False
+        document = self.workspace.get_text_document(snapshot.uri)
+        return document.version == snapshot.version and document.source == snapshot.source
+
+    def paths_of(self, uri: str) -> tuple[str | None, str | None]:
+        """(the document's file path, where to look for `pyproject.toml` from). Documents
+        without a path, such as unsaved buffers, use the workspace root's configuration."""
+        path = to_fs_path(uri)
+        start = path
+        if start is None and self.workspace.root_uri:
+            start = to_fs_path(self.workspace.root_uri)
+        return path, start
+
+    def forget_results(self, uri: str | None = None) -> None:
+        """Drop cached analyses (of one document, or all) so the next request re-reads
+        pyproject.toml, which the cache key does not cover."""
+        for key, state in self.documents.items():
+            if uri is None or key == uri:
+                state.cache.clear()
+
+    # -- analysis -------------------------------------------------------------------------------
+
+    async def analyse(self, snapshot: Snapshot) -> Outcome:
+        """Findings for `snapshot` under the current settings (cached per version+settings)."""
+        state = self.documents.get(snapshot.uri)
+        key = (snapshot.version, self.settings_generation, snapshot.source)
+        if state is not None and (cached := state.cache.get(key)) is not None:
+            return cached
+        settings = self.settings
+        loop = asyncio.get_running_loop()
+        outcome = await loop.run_in_executor(
+            self.analysis_pool,
+            analyse_snapshot,
+            snapshot,
+            *self.paths_of(snapshot.uri),
+            settings,
+        )
+        if outcome.config_error:
+            self.warn_once(f"torchls: {outcome.config_error} (using default rule selection)")
+        if outcome.error:
+            self.log(f"torchls: {snapshot.uri} not analysed: {outcome.error}")
+        if state is not None and self.documents.get(snapshot.uri) is state:
+            # Keep only the newest entry: older versions are never asked for again.
+            state.cache = {key: outcome}
+        return outcome
+
+
+def selection_for(
+    path: str | None, config_start: str | None, settings: Settings
+) -> tuple[RuleSelection, str | None, str | None]:
+    """(rule selection, filename relative to the project, config error) for one document."""
+    config = ProjectConfig()
+    error = None
+    if config_start is not None:
+        try:
+            config = load_config(config_start)
+        except ConfigError as problem:
+            error = str(problem)
+        except OSError as problem:  # an unreadable folder on the way up
+            error = f"cannot read project configuration: {problem}"
+    relative = config.relative(path) if path else None
+    selection = config.selection(select=settings.select, ignore=settings.ignore)
+    return selection, relative, error
+
+
+def analyse_snapshot(
+    snapshot: Snapshot, path: str | None, config_start: str | None, settings: Settings
+) -> Outcome:
+    """Run on the worker thread: the pure analysis of one snapshot, never raising."""
+    if len(snapshot.source) > MAX_DOCUMENT_CHARS:
+        return Outcome(snapshot, error=f"larger than {MAX_DOCUMENT_CHARS} characters")
+    try:
+        selection, relative, config_error = selection_for(path, config_start, settings)
+        filename = path or snapshot.uri
+        result = analyze(
+            snapshot.source,
+            filename,
+            enabled=lambda code: selection.enabled(code, relative),
+        )
+    except Exception as error:  # the server must outlive any analysis bug
+        logger.exception("analysis failed for %s", snapshot.uri)
+        return Outcome(snapshot, error=f"internal error: {error}")
+    if result.error is not None:
+        return Outcome(snapshot, error=result.error, config_error=config_error)
+    return Outcome(snapshot, tuple(result.findings), None, config_error)
