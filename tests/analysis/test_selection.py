@@ -52,3 +52,22 @@ def test_named_config_file_without_table_gives_defaults(tmp_path) -> None:
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
     config = load_config_file(tmp_path / "pyproject.toml")
     assert config.select is None and config.selection().enabled("TL101")
+
+
+def test_noqa_inside_a_string_does_not_silence() -> None:
+    from torchls.analysis import analyze
+
+    source = (
+        "import torch.nn.functional as F\n"
+        "def step(logits, y):\n"
+        "    probs = F.softmax(logits, dim=1)\n"
+        '    tag = "# noqa"; return F.cross_entropy(probs, y)\n'
+    )
+    assert [f.code for f in analyze(source).findings] == ["TL101"]
+    commented = source.replace('(probs, y)\n', "(probs, y)  # note # noqa: TL101\n")
+    assert analyze(commented).findings == []
+
+
+def test_noqa_is_not_added_after_a_line_continuation() -> None:
+    line = "    loss = F.cross_entropy(probs, y) + \\"
+    assert add_code_to_line(line, "TL101") == line

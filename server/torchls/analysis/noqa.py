@@ -14,13 +14,43 @@ NOQA_RE = re.compile(
 ALL = "*"
 
 
+def _comment_start(line: str) -> int | None:
+    """Index of the `#` that starts a real comment on `line`, skipping `#` inside string
+    literals (single-line strings; a line inside a multi-line string is rare enough here)."""
+    quote: str | None = None
+    index = 0
+    while index < len(line):
+        char = line[index]
+        if quote is not None:
+            if char == "\\":
+                index += 2
+                continue
+            if line.startswith(quote, index):
+                index += len(quote)
+                quote = None
+                continue
+        elif char in "\"'":
+            quote = line[index : index + 3] if line.startswith(char * 3, index) else char
+            index += len(quote)
+            continue
+        elif char == "#":
+            return index
+        index += 1
+    return None
+
+
+def _noqa_match(line: str) -> re.Match[str] | None:
+    start = _comment_start(line)
+    return NOQA_RE.search(line, start) if start is not None else None
+
+
 def noqa_map(lines: list[str]) -> dict[int, set[str]]:
     """Map 1-based row → silenced codes ({"*"} for a bare noqa)."""
     silenced: dict[int, set[str]] = {}
     for row, line in enumerate(lines, start=1):
-        if "noqa" not in line and "NOQA" not in line.upper():
+        if "noqa" not in line.lower():
             continue
-        match = NOQA_RE.search(line)
+        match = _noqa_match(line)
         if not match:
             continue
         codes = match.group("codes")
@@ -37,9 +67,14 @@ def is_silenced(silenced: dict[int, set[str]], row: int, code: str) -> bool:
 
 
 def add_code_to_line(line: str, code: str) -> str:
-    """The line with `code` added to its noqa comment (or a new `# noqa: CODE` appended)."""
-    match = NOQA_RE.search(line)
+    """The line with `code` added to its noqa comment (or a new `# noqa: CODE` appended).
+
+    A line ending in a backslash continuation cannot take a comment; it is returned unchanged
+    (callers should not offer the action then)."""
+    match = _noqa_match(line)
     if match is None:
+        if line.rstrip().endswith("\\") and _comment_start(line) is None:
+            return line
         return f"{line.rstrip()}  # noqa: {code}"
     codes = match.group("codes")
     if not codes:
