@@ -87,7 +87,8 @@ async def test_did_change_configuration_republishes(client: RecordingClient, tmp
     expected = (
         ["workspace/didChangeConfiguration"] if client.flavour == "visual_studio_code" else []
     )
-    assert registered == expected
+    # (VS Code also gets a file watcher for cross-file checks; that one is not about settings.)
+    assert [m for m in registered if m != "workspace/didChangeWatchedFiles"] == expected
     mark = len(client.publishes)
 
     client.set_configuration({"select": ["TL302"]}, section="torchls")

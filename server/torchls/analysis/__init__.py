@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from torchls.analysis.findings import Edit, Finding, Fix, Position, Related, Span
 from torchls.analysis.registry import RULES, Hit, Rule, all_rules, get_rule
-from torchls.analysis.resolver import Workspace
+from torchls.analysis.resolver import CachedView, Workspace, imports_project_names
 from torchls.analysis.source import ParsedSource, SourceError, SyntaxProblem, decode_source
 
 __all__ = [
@@ -46,6 +46,9 @@ class AnalysisResult:
     syntax_errors: list[SyntaxProblem] = field(default_factory=list)
     error: str | None = None
     parsed: ParsedSource | None = None
+    # The file imports names from modules that may be project files: an analysis with a
+    # workspace could find more (editors run that second, off the typing path).
+    imports_project_names: bool = False
 
 
 def analyze(
@@ -53,7 +56,7 @@ def analyze(
     filename: str = "<stdin>",
     enabled: Callable[[str], bool] | None = None,
     respect_noqa: bool = True,
-    workspace: Workspace | None = None,
+    workspace: Workspace | CachedView | None = None,
     previous: ParsedSource | None = None,
 ) -> AnalysisResult:
     """Run every enabled rule on one file's source. With a `workspace`, names imported from
@@ -86,7 +89,9 @@ def analyze(
     except RecursionError:
         return AnalysisResult(error="nesting too deep to analyse")
     findings.sort(key=lambda f: (f.span.start, f.code))
-    return AnalysisResult(findings, parsed.syntax_errors, None, parsed)
+    return AnalysisResult(
+        findings, parsed.syntax_errors, None, parsed, imports_project_names(facts)
+    )
 
 
 def _to_finding(rule_: Rule, hit: Hit, parsed: ParsedSource) -> Finding:
@@ -99,7 +104,7 @@ def loss_contract_at(
     row: int,
     column: int,
     filename: str = "<stdin>",
-    workspace: Workspace | None = None,
+    workspace: Workspace | CachedView | None = None,
 ) -> str | None:
     """Markdown describing the loss contract at a 1-based row / 0-based code-point column."""
     from torchls.analysis.contracts import contract_markdown_at

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from torchls.analysis.source import ParsedSource
 
 if TYPE_CHECKING:
-    from torchls.analysis.resolver import Definition, Workspace
+    from torchls.analysis.resolver import CachedView, Definition, Workspace
 
 FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
 # Expression nodes that need no bookkeeping beyond parent/scope (and the call index).
@@ -183,7 +183,10 @@ class Facts:
     """Everything rules need to know about one file; computed lazily, each part once."""
 
     def __init__(
-        self, parsed: ParsedSource, filename: str, workspace: Workspace | None = None
+        self,
+        parsed: ParsedSource,
+        filename: str,
+        workspace: Workspace | CachedView | None = None,
     ) -> None:
         self.source = parsed
         self.filename = filename

@@ -79,7 +79,10 @@ class Workspace:
         self.overlay = overlay
         self._lock = threading.RLock()
         self._facts: dict[Path, tuple[str, Facts]] = {}
+        # Keyed by the import itself (file, local name, what it imports), not the file's whole
+        # text, so typing elsewhere in the file keeps the answer.
         self._answers: dict[tuple[Path, str, str], tuple[Path, int] | None] = {}
+        self._dependents: dict[Path, set[Path]] = {}
         self._scripts: dict[Path, tuple[str, object]] = {}
         self._project = None
         self._depth = threading.local()
@@ -131,9 +134,12 @@ class Workspace:
             if path is None:
                 self._facts.clear()
                 self._scripts.clear()
+                self._answers.clear()
             else:
                 self._facts.pop(Path(path).resolve(), None)
                 self._scripts.pop(Path(path).resolve(), None)
+                # A file that appeared or vanished can change where any import points.
+                self._answers.clear()
 
     def contains(self, path: Path) -> bool:
         if "site-packages" in path.parts or "dist-packages" in path.parts:
@@ -147,7 +153,20 @@ class Workspace:
         return True
 
     # ------------------------------------------------------------------ names
-    def resolve(self, facts: Facts, local_name: str) -> Definition | None:
+    def cached_view(self) -> CachedView:
+        """This workspace answering only from what it already knows (no jedi call); the view
+        records whether an answer was missing, so a slower full pass can follow."""
+        return CachedView(self)
+
+    def dependents_of(self, path: str | Path) -> set[Path]:
+        """Files whose analysis followed a name into `path` (they need re-checking when it
+        changes)."""
+        with self._lock:
+            return set(self._dependents.get(Path(path).resolve(), ()))
+
+    def resolve(
+        self, facts: Facts, local_name: str, view: CachedView | None = None
+    ) -> Definition | None:
         """The definition an imported `local_name` of `facts` refers to, if in the project."""
         imported = facts.imports.get(local_name)
         position = facts.import_positions.get(local_name)
@@ -159,18 +178,22 @@ class Workspace:
         if depth >= MAX_FOLLOW_DEPTH:
             return None
         path = Path(facts.filename).resolve()
-        digest = _digest(facts.source.text)
-        key = (path, digest, local_name)
+        key = (path, local_name, imported)
         with self._lock:
             known = key in self._answers
             answer = self._answers.get(key)
         if not known:
-            answer = self._ask_jedi(path, facts.source.text, digest, position)
+            if view is not None:
+                view.missed = True
+                return None
+            answer = self._ask_jedi(path, facts.source.text, _digest(facts.source.text), position)
             with self._lock:
                 self._answers[key] = answer
         if answer is None:
             return None
         target_path, line = answer
+        with self._lock:
+            self._dependents.setdefault(target_path, set()).add(path)
         self._depth.value = depth + 1
         try:
             other = self.facts_for(target_path)
@@ -210,6 +233,18 @@ class Workspace:
         return None
 
 
+class CachedView:
+    """A `Workspace` stand-in that never calls jedi: unknown imports resolve to nothing and
+    set `missed`. Used for the editor's fast first pass."""
+
+    def __init__(self, workspace: Workspace) -> None:
+        self.workspace = workspace
+        self.missed = False
+
+    def resolve(self, facts: Facts, local_name: str) -> Definition | None:
+        return self.workspace.resolve(facts, local_name, view=self)
+
+
 def _definition_at(facts: Facts, line: int, name: str) -> Definition | None:
     info = facts.classes.get(name)
     if info is not None and info.node.lineno <= line <= (info.node.end_lineno or line):
@@ -220,3 +255,11 @@ def _definition_at(facts: Facts, line: int, name: str) -> Definition | None:
     if info is not None:
         return Definition(facts, info.node)
     return None
+
+
+def imports_project_names(facts: Facts) -> bool:
+    """True when `facts` imports a name (`from models import Net`) that is not from a known
+    library, so resolving it through a workspace might find more."""
+    return any(
+        facts.imports[name].split(".")[0] not in LIBRARY_ROOTS for name in facts.import_positions
+    )

@@ -110,6 +110,8 @@ def register(server: TorchLanguageServer) -> None:
             # request is superseded by this one, so it is never published twice.
             republish_all(ls)
         await _register_configuration_notifications(ls)
+        for hook in ls.initialized_hooks:
+            await hook()
 
     @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
     async def did_change_configuration(

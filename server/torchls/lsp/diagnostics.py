@@ -30,7 +30,7 @@ from torchls.lsp.server import DocumentState, Outcome, Snapshot, TorchLanguageSe
 logger = logging.getLogger(__name__)
 
 SOURCE = "torchls"
-Trigger = Literal["open", "change", "save", "settings"]
+Trigger = Literal["open", "change", "save", "settings", "dependency"]
 
 SEVERITIES = {
     "error": types.DiagnosticSeverity.Error,
@@ -155,7 +155,7 @@ async def _publish(
         await server.wait_for_settings()
         settings = server.settings
         if settings.run == "onSave":
-            if trigger == "change":
+            if trigger in ("change", "dependency"):
                 return  # typing does not publish; the diagnostics of the last save stay
             if trigger == "settings" and state.saved is not None:
                 snapshot = state.saved
@@ -167,22 +167,46 @@ async def _publish(
             state.task.cancel()  # drops its queued analysis too
         state.task = current
         diagnostics: list[types.Diagnostic] = []
+        outcome = None
         if settings.enable:
             outcome = await server.analyse(snapshot)
             diagnostics = to_diagnostics(server, outcome, _related_support(server, pull=False))
-        if server.documents.get(snapshot.uri) is not state or state.claimed != sequence:
-            return  # closed, reopened or superseded while we worked
-        if server.settings.run == "onType" and not server.is_current(snapshot):
-            return  # an outdated version: the request for the newer one publishes
+        if not _still_wanted(server, state, sequence, snapshot):
+            return
         server.text_document_publish_diagnostics(
             types.PublishDiagnosticsParams(
                 uri=snapshot.uri, version=snapshot.version, diagnostics=diagnostics
+            )
+        )
+        if outcome is None or not outcome.needs_cross_file:
+            return
+        # In-file findings are out; now follow imports into other project files (jedi), off
+        # the typing path, and publish again only if that found something different.
+        full = await server.analyse(snapshot, cross_file=True)
+        if full.findings == outcome.findings or not _still_wanted(
+            server, state, sequence, snapshot
+        ):
+            return
+        server.text_document_publish_diagnostics(
+            types.PublishDiagnosticsParams(
+                uri=snapshot.uri,
+                version=snapshot.version,
+                diagnostics=to_diagnostics(server, full, _related_support(server, pull=False)),
             )
         )
     except asyncio.CancelledError:
         raise
     except Exception:
         logger.exception("publishing diagnostics for %s failed", snapshot.uri)
+
+
+def _still_wanted(
+    server: TorchLanguageServer, state: DocumentState, sequence: int, snapshot: Snapshot
+) -> bool:
+    if server.documents.get(snapshot.uri) is not state or state.claimed != sequence:
+        return False  # closed, reopened or superseded while we worked
+    # An outdated version is never published: the request for the newer one does that.
+    return not (server.settings.run == "onType" and not server.is_current(snapshot))
 
 
 # -- pull ---------------------------------------------------------------------------------------
@@ -208,7 +232,8 @@ async def pull_diagnostics(
             snapshot = None
     if snapshot is None or not settings.enable:
         return types.FullDocumentDiagnosticReport(items=[], result_id=None)
-    outcome = await server.analyse(snapshot)
+    # A pull answers once, so it includes what other project files contribute.
+    outcome = await server.analyse(snapshot, cross_file=True)
     if state is not None and settings.run == "onType" and not server.is_current(snapshot):
         # The text changed while we analysed: ask the client to pull again rather than hand it
         # diagnostics for a version it no longer has.
@@ -241,6 +266,22 @@ def _enable_pull(server: TorchLanguageServer, params: types.InitializeParams) ->
         return await pull_diagnostics(ls, params)
 
 
+def refresh_dependents(server: TorchLanguageServer, uri: str) -> None:
+    """`uri` changed: re-check the open documents whose findings came through it (a model
+    class's forward, a factory) so they never show results for its old text."""
+    path = to_fs_path(uri)
+    if path is None or server._project is None:
+        return
+    dependents = server.project.dependents_of(path)
+    if not dependents:
+        return
+    server.dependencies_changed()
+    for other in list(server.documents):
+        own = to_fs_path(other)
+        if other != uri and own is not None and Path(own).resolve() in dependents:
+            request_diagnostics(server, other, "dependency")
+
+
 # -- registration -------------------------------------------------------------------------------
 
 
@@ -259,7 +300,9 @@ def register(server: TorchLanguageServer) -> None:
 
     @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
     def did_change(ls: TorchLanguageServer, params: types.DidChangeTextDocumentParams) -> None:
-        request_diagnostics(ls, params.text_document.uri, "change")
+        uri = params.text_document.uri
+        request_diagnostics(ls, uri, "change")
+        refresh_dependents(ls, uri)
 
     @server.feature(types.TEXT_DOCUMENT_DID_SAVE)
     def did_save(ls: TorchLanguageServer, params: types.DidSaveTextDocumentParams) -> None:

@@ -14,6 +14,7 @@ from lsprotocol import types
 from pygls.capabilities import get_capability
 
 from torchls.analysis import loss_contract_at
+from torchls.analysis.resolver import CachedView
 from torchls.lsp.server import MAX_DOCUMENT_CHARS, TorchLanguageServer
 
 logger = logging.getLogger(__name__)
@@ -26,9 +27,11 @@ def _content_kind(server: TorchLanguageServer) -> types.MarkupKind:
     return types.MarkupKind.Markdown
 
 
-def _contract(source: str, row: int, column: int, filename: str) -> str | None:
+def _contract(
+    source: str, row: int, column: int, filename: str, workspace: CachedView | None
+) -> str | None:
     try:
-        return loss_contract_at(source, row, column, filename)
+        return loss_contract_at(source, row, column, filename, workspace)
     except Exception:  # a hover must never take the server down
         logger.exception("loss contract lookup failed")
         return None
@@ -45,8 +48,16 @@ async def hover(server: TorchLanguageServer, params: types.HoverParams) -> types
     row, column = server.line_index(snapshot.source).from_position(params.position)
     path, _ = server.paths_of(snapshot.uri)
     loop = asyncio.get_running_loop()
+    # Names imported from other project files are followed as far as already resolved.
+    workspace = server.project.cached_view() if path is not None else None
     markdown = await loop.run_in_executor(
-        server.analysis_pool, _contract, snapshot.source, row, column, path or snapshot.uri
+        server.analysis_pool,
+        _contract,
+        snapshot.source,
+        row,
+        column,
+        path or snapshot.uri,
+        workspace,
     )
     if not markdown:
         return None

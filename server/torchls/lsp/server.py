@@ -15,9 +15,10 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
@@ -26,7 +27,9 @@ from pygls.workspace import TextDocument, Workspace
 
 from torchls import __version__
 from torchls.analysis import Finding, analyze
+from torchls.analysis import Workspace as ProjectWorkspace
 from torchls.analysis.selection import RuleSelection
+from torchls.analysis.source import ParsedSource
 from torchls.config import ConfigError, ProjectConfig, load_config
 from torchls.lsp.positions import UTF16, LineIndex
 from torchls.lsp.settings import Settings
@@ -87,12 +90,17 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What one analysis produced, ready for every feature that needs findings."""
+    """What one analysis produced, ready for every feature that needs findings.
+
+    `cross_file` says whether other project files were consulted; `needs_cross_file` that
+    this in-file result could still grow once they are (the file imports project names)."""
 
     snapshot: Snapshot
     findings: tuple[Finding, ...] = ()
     error: str | None = None
     config_error: str | None = None
+    cross_file: bool = False
+    needs_cross_file: bool = False
 
 
 @dataclass
@@ -128,10 +136,18 @@ class TorchLanguageServer(LanguageServer):
         self.pull_diagnostics = False
         self.documents: dict[str, DocumentState] = {}
         self.initialize_hooks: list[Callable[[types.InitializeParams], None]] = []
+        self.initialized_hooks: list[Callable[[], Awaitable[None]]] = []
         self._reported: set[str] = set()
         # One worker: the analysis is pure Python (the GIL makes more threads no faster), and a
         # FIFO queue keeps results in request order.
         self.analysis_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchls")
+        # Cross-file resolution (jedi) over the project, seeing open documents' unsaved text.
+        self._project: ProjectWorkspace | None = None
+        # Bumped whenever another file may have changed, so cross-file results are recomputed.
+        self.dependency_generation = 0
+        # Last parse per document, touched only on the analysis thread (incremental re-parse
+        # reuses and shifts its unchanged statements, so it must never be shared).
+        self.parsed_by_uri: dict[str, ParsedSource] = {}
 
     # -- capabilities ---------------------------------------------------------------------------
 
@@ -223,12 +239,50 @@ class TorchLanguageServer(LanguageServer):
             if uri is None or key == uri:
                 state.cache.clear()
 
+    # -- other files ----------------------------------------------------------------------------
+
+    @property
+    def project(self) -> ProjectWorkspace:
+        """The analysis workspace: the client's root folder, with open documents as overlay."""
+        if self._project is None:
+            root = to_fs_path(self.workspace.root_uri) if self.workspace.root_uri else None
+            self._project = ProjectWorkspace(root, overlay=self._open_text)
+        return self._project
+
+    def _open_text(self, path: Path) -> str | None:
+        """The editor's text of an open document at `path` (unsaved edits included)."""
+        for uri in list(self.documents):
+            own = to_fs_path(uri)
+            if own is not None and Path(own).resolve() == path:
+                with contextlib.suppress(Exception):
+                    return self.workspace.get_text_document(uri).source
+        return None
+
+    def dependencies_changed(self, paths: list[Path] | None = None) -> None:
+        """Another file changed (an open document was edited, or a watched file on disk):
+        cross-file results must be recomputed."""
+        self.dependency_generation += 1
+        if self._project is not None:
+            if paths is None:
+                self._project.invalidate()
+            for path in paths or ():
+                self._project.invalidate(path)
+
     # -- analysis -------------------------------------------------------------------------------
 
-    async def analyse(self, snapshot: Snapshot) -> Outcome:
-        """Findings for `snapshot` under the current settings (cached per version+settings)."""
+    async def analyse(self, snapshot: Snapshot, cross_file: bool = False) -> Outcome:
+        """Findings for `snapshot` under the current settings (cached per version, settings
+        and state of the other files). Names imported from other project files are followed
+        as far as earlier resolutions know them; with `cross_file`, unknown ones are resolved
+        too (jedi: slow the first time, so editors run it after publishing the fast pass)."""
         state = self.documents.get(snapshot.uri)
-        key = (snapshot.version, self.settings_generation, snapshot.source)
+        key = (
+            snapshot.version,
+            self.settings_generation,
+            snapshot.source,
+            self.dependency_generation,
+            cross_file,
+        )
         if state is not None and (cached := state.cache.get(key)) is not None:
             return cached
         settings = self.settings
@@ -239,14 +293,19 @@ class TorchLanguageServer(LanguageServer):
             snapshot,
             *self.paths_of(snapshot.uri),
             settings,
+            self.project,
+            cross_file,
+            self.parsed_by_uri,
         )
         if outcome.config_error:
             self.warn_once(f"torchls: {outcome.config_error} (using default rule selection)")
         if outcome.error:
             self.log(f"torchls: {snapshot.uri} not analysed: {outcome.error}")
         if state is not None and self.documents.get(snapshot.uri) is state:
-            # Keep only the newest entry: older versions are never asked for again.
-            state.cache = {key: outcome}
+            # Keep only the newest entries (in-file and cross-file): older versions are never
+            # asked for again.
+            state.cache = {k: v for k, v in state.cache.items() if k[:4] == key[:4]}
+            state.cache[key] = outcome
         return outcome
 
 
@@ -269,22 +328,41 @@ def selection_for(
 
 
 def analyse_snapshot(
-    snapshot: Snapshot, path: str | None, config_start: str | None, settings: Settings
+    snapshot: Snapshot,
+    path: str | None,
+    config_start: str | None,
+    settings: Settings,
+    project: ProjectWorkspace | None = None,
+    cross_file: bool = False,
+    parsed_by_uri: dict[str, ParsedSource] | None = None,
 ) -> Outcome:
     """Run on the worker thread: the pure analysis of one snapshot, never raising."""
     if len(snapshot.source) > MAX_DOCUMENT_CHARS:
         return Outcome(snapshot, error=f"larger than {MAX_DOCUMENT_CHARS} characters")
+    previous = parsed_by_uri.pop(snapshot.uri, None) if parsed_by_uri is not None else None
     try:
         selection, relative, config_error = selection_for(path, config_start, settings)
         filename = path or snapshot.uri
+        view = project.cached_view() if project is not None and not cross_file else None
         result = analyze(
             snapshot.source,
             filename,
             enabled=lambda code: selection.enabled(code, relative),
+            workspace=(view or project) if path is not None else None,
+            previous=previous,
         )
     except Exception as error:  # the server must outlive any analysis bug
         logger.exception("analysis failed for %s", snapshot.uri)
         return Outcome(snapshot, error=f"internal error: {error}")
+    if parsed_by_uri is not None and result.parsed is not None:
+        parsed_by_uri[snapshot.uri] = result.parsed
     if result.error is not None:
         return Outcome(snapshot, error=result.error, config_error=config_error)
-    return Outcome(snapshot, tuple(result.findings), None, config_error)
+    return Outcome(
+        snapshot,
+        tuple(result.findings),
+        None,
+        config_error,
+        cross_file=cross_file,
+        needs_cross_file=view is not None and view.missed and path is not None,
+    )
