@@ -7,7 +7,7 @@ import random
 
 from torchls.analysis.source import parse_source, reparse
 
-BASE = '''\
+BASE = """\
 import torch
 import torch.nn as nn
 
@@ -37,7 +37,7 @@ def train(model, loader, optimizer):
 
 if __name__ == "__main__":
     train(Net(), [], None)
-'''
+"""
 
 SNIPPETS = [
     "x = 1",

@@ -64,7 +64,7 @@ def test_noqa_inside_a_string_does_not_silence() -> None:
         '    tag = "# noqa"; return F.cross_entropy(probs, y)\n'
     )
     assert [f.code for f in analyze(source).findings] == ["TL101"]
-    commented = source.replace('(probs, y)\n', "(probs, y)  # note # noqa: TL101\n")
+    commented = source.replace("(probs, y)\n", "(probs, y)  # note # noqa: TL101\n")
     assert analyze(commented).findings == []
 
 
