@@ -609,10 +609,13 @@ class Facts:
         """What kind of training object `expr` holds, or None if unknown."""
         if expr is None or depth > MAX_DEPTH:
             return None
-        if depth == 0:
-            if expr not in self._kinds:
-                self._kinds[expr] = self.kind_of(expr, 1)
+        try:
             return self._kinds[expr]
+        except KeyError:
+            found = self._kinds[expr] = self._kind_of(expr, depth)
+            return found
+
+    def _kind_of(self, expr: ast.AST, depth: int) -> ObjectKind | None:
         if isinstance(expr, ast.Call):
             return self._kind_of_call(expr, depth)
         if isinstance(expr, (ast.Name, ast.Attribute)):

@@ -15,6 +15,8 @@ import ast
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
+from torchls.analysis.facts import EVAL_FUNCTION_RE
+
 if TYPE_CHECKING:
     from torchls.analysis.facts import Facts, FunctionNode
 
@@ -65,10 +67,15 @@ class ModeAnalysis:
     _effect_stack: set[ast.AST] = field(default_factory=set)
     _pending_entries: dict[ast.AST, State] = field(default_factory=dict)
     _calls: dict[ast.Call, CallInfo] = field(default_factory=dict)
+    _relevant: dict[ast.AST, list[ast.Call]] = field(default_factory=dict)
+    _possible_keys: set[str] = field(default_factory=set)
 
     def run(self) -> None:
         facts = self.facts
+        if not _can_matter(facts):
+            return
         functions = _relevant_functions(facts)
+        self._possible_keys = _possible_keys(facts)
         # Round one analyses everything from an unknown entry and collects call-site states;
         # round two re-analyses only the functions that got an entry state from a caller.
         entries: dict[ast.AST, State] = {}
@@ -141,9 +148,28 @@ class ModeAnalysis:
 
     # ------------------------------------------------------------------ expressions
     def _expression(self, node: ast.AST, state: State) -> State:
-        for call in self.facts.calls_in(node) if not isinstance(node, ast.Call) else [node]:
+        for call in self._relevant_calls(node):
             state = self._call(call, state)
         return state
+
+    def _relevant_calls(self, node: ast.AST) -> list[ast.Call]:
+        """The calls under `node` that can read or change a mode (most calls cannot: `len`,
+        `loss.backward`, tensor ops), computed once per node."""
+        found = self._relevant.get(node)
+        if found is None:
+            calls = self.facts.calls_in(node) if not isinstance(node, ast.Call) else [node]
+            found = []
+            for call in calls:
+                method, _, called_key, is_model, function = self._describe(call)
+                if (
+                    method in ("train", "eval")
+                    or function is not None
+                    or is_model
+                    or (called_key is not None and called_key in self._possible_keys)
+                ):
+                    found.append(call)
+            self._relevant[node] = found
+        return found
 
     def _describe(self, call: ast.Call) -> CallInfo:
         """What the interpreter needs to know about a call, computed once per call (loops and
@@ -258,6 +284,41 @@ class ModeAnalysis:
         effect = {key: facts_ for key, facts_ in end.items() if facts_ != sentinel}
         self._effects[function] = effect
         return effect
+
+
+def _can_matter(facts: Facts) -> bool:
+    """Mode findings need an evaluation context or a mode switch; most files have neither."""
+    if facts.method_calls("eval", "train"):
+        return True
+    if any(role == "eval" for role in facts.batch_loops.values()):
+        return True
+    return any(
+        EVAL_FUNCTION_RE.match(node.name)
+        for node in facts.scope_nodes
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    )
+
+
+def _possible_keys(facts: Facts) -> set[str]:
+    """Every key a mode state can hold: receivers of train()/eval(), names bound to a newly
+    built model, and parameter names (states flow into helpers under those names)."""
+    keys = {
+        key
+        for call in facts.method_calls("eval", "train")
+        if (key := facts.key(facts.receiver(call))) is not None
+    }
+    for node in facts.scope_nodes:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = node.args
+            keys.update(a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs])
+    for calls in facts.calls_by_statement.values():
+        for call in calls:
+            statement = facts.parents.get(call)
+            if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+                key = facts.key(statement.targets[0])
+                if key is not None and facts.is_kind(statement.value, "model"):
+                    keys.add(key)
+    return keys
 
 
 def _relevant_functions(facts: Facts) -> list[FunctionNode]:
