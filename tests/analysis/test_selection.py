@@ -71,3 +71,46 @@ def test_noqa_inside_a_string_does_not_silence() -> None:
 def test_noqa_is_not_added_after_a_line_continuation() -> None:
     line = "    loss = F.cross_entropy(probs, y) + \\"
     assert add_code_to_line(line, "TL101") == line
+
+
+def test_scheduler_cadence_reads_constructor_arguments() -> None:
+    from torchls.analysis.facts import build_facts
+    from torchls.analysis.source import parse_source
+
+    source = (
+        "import torch\n"
+        "opt = torch.optim.SGD([], lr=0.1)\n"
+        "a = torch.optim.lr_scheduler.StepLR(opt, step_size=30)\n"
+        "b = torch.optim.lr_scheduler.OneCycleLR(opt, 0.1, epochs=10, steps_per_epoch=100)\n"
+        "c = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)\n"
+        "d = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=num_epochs)\n"
+        "a, b, c, d\n"
+    )
+    facts = build_facts(parse_source(source), "x.py")
+    names = facts.tree.body[-1].value.elts
+    assert [facts.scheduler_cadence(name) for name in names] == ["epoch", "batch", None, "epoch"]
+
+
+def test_loops_are_classified_as_epoch_batch_and_training() -> None:
+    from torchls.analysis.facts import build_facts
+    from torchls.analysis.source import parse_source
+
+    source = (
+        "def train_one_epoch(model, train_loader, opt):\n"
+        "    for x, y in train_loader:\n"
+        "        model(x).sum().backward()\n"
+        "        opt.step()\n"
+        "def fit(model, train_loader, val_loader, opt):\n"
+        "    for e in range(10):\n"
+        "        train_one_epoch(model, train_loader, opt)\n"
+        "        for x, y in val_loader:\n"
+        "            model(x)\n"
+        "    for i in range(3):\n"
+        "        print(i)\n"
+    )
+    facts = build_facts(parse_source(source), "x.py")
+    rows = lambda loops: sorted(loop.lineno for loop in loops)  # noqa: E731
+    assert rows(facts.batch_loops) == [2, 8]
+    assert {facts.batch_loops[loop] for loop in facts.batch_loops} == {"train", "eval"}
+    assert rows(facts.epoch_loops) == [6]
+    assert rows(facts.training_loops) == [2, 6]

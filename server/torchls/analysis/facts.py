@@ -74,17 +74,6 @@ EVAL_FUNCTION_RE = re.compile(
     r"val_.+|valid_.+|test_epoch|test_model|test_loop|eval_loop|val_loop)$"
 )
 
-EPOCH_SCHEDULERS = {
-    "StepLR",
-    "MultiStepLR",
-    "ExponentialLR",
-    "CosineAnnealingLR",
-    "ReduceLROnPlateau",
-    "PolynomialLR",
-    "ConstantLR",
-    "LinearLR",
-}
-STEP_SCHEDULERS = {"OneCycleLR", "CyclicLR", "CosineAnnealingWarmRestarts"}
 # Modules whose construction yields no parameters and whose output is not a model's.
 ACTIVATION_MODULES = {
     "Softmax",
@@ -688,6 +677,13 @@ class Facts:
             return self.kind_of(self.receiver(call), depth + 1)
         return None
 
+    def scheduler_cadence(self, expr: ast.AST | None) -> str | None:
+        """How the scheduler `expr` holds is meant to be stepped: "epoch", "batch", or None
+        when its constructor arguments do not say (warmup `LambdaLR`, unknown lengths)."""
+        from torchls.analysis.schedulers import scheduler_cadence
+
+        return scheduler_cadence(self, expr)
+
     def is_kind(self, expr: ast.AST | None, kind: str) -> bool:
         found = self.kind_of(expr)
         return found is not None and found.kind == kind
@@ -1080,6 +1076,27 @@ class Facts:
             name = self.key(iterable) or ""
             if (kind is not None and kind.kind == "loader") or LOADER_NAME_RE.search(name):
                 found[loop] = loader_role(name)
+        return found
+
+    @cached_property
+    def epoch_loops(self) -> list[ast.AST]:
+        """Loops around a batch loop (directly or through a helper that runs one), or a
+        `for epoch in ...` loop: one iteration per pass over the data."""
+        batch = set(self.batch_loops)
+
+        def runs_batch_loop(call: ast.Call) -> bool:
+            function = self.called_function(call)
+            return function is not None and any(
+                loop in batch and self.is_inside(loop, function) for loop in self.batch_loops
+            )
+
+        found = []
+        for loop in self.loops:
+            target = getattr(loop, "target", None)
+            named = isinstance(target, ast.Name) and "epoch" in target.id.lower()
+            nested = any(other is not loop and self.is_inside(other, loop) for other in batch)
+            if named or nested or self.node_reaches(loop, runs_batch_loop):
+                found.append(loop)
         return found
 
     @cached_property

@@ -9,7 +9,6 @@ after the step. The statement-block helpers at the top are shared with `distribu
 from __future__ import annotations
 
 import ast
-import re
 from collections.abc import Callable, Iterator
 
 from torchls.analysis.facts import Facts
@@ -21,6 +20,11 @@ from torchls.analysis.rules._edits import (
     insert_line_after,
     insert_line_before,
     replace_node,
+)
+from torchls.analysis.schedulers import (
+    call_argument,
+    schedule_design,
+    scheduler_type,
 )
 
 CLIP_FUNCTIONS = (
@@ -139,165 +143,9 @@ def is_optimizer_step(facts: Facts, call: ast.Call) -> bool:
     return facts.optimizer_of_step(call) is not None
 
 
-def scheduler_constructors(facts: Facts, expr: ast.AST | None, depth: int = 0) -> list[ast.Call]:
-    """Every scheduler constructor call `expr` may hold (all its bindings), or [] when any
-    binding is unknown (a parameter, a factory, a loop target)."""
-    if expr is None or depth > 4:
-        return []
-    values: list[ast.expr] = []
-    if isinstance(expr, ast.Name):
-        scope = facts.scope(expr)
-        assignments = facts.assignments_of(expr.id, scope)  # type: ignore[arg-type]
-        if not assignments and scope is not facts.tree:
-            assignments = facts.assignments_of(expr.id, facts.tree)
-        for assignment in assignments:
-            if assignment.value is None or assignment.index is not None or assignment.loop:
-                return []
-            values.append(assignment.value)
-    elif isinstance(expr, ast.Attribute):
-        values = facts.self_attribute_values(expr)
-    else:
-        values = [expr]  # type: ignore[list-item]
-    found: list[ast.Call] = []
-    for value in values:
-        resolved = _constructors_in_value(facts, value, depth)
-        if resolved is None:
-            return []
-        found.extend(resolved)
-    return found
-
-
-def _constructors_in_value(facts: Facts, value: ast.expr, depth: int) -> list[ast.Call] | None:
-    if isinstance(value, ast.Constant) and value.value is None:
-        return []
-    if isinstance(value, ast.IfExp):
-        body = _constructors_in_value(facts, value.body, depth)
-        orelse = _constructors_in_value(facts, value.orelse, depth)
-        return None if body is None or orelse is None else body + orelse
-    if isinstance(value, ast.Call):
-        kind = facts.kind_of(value)
-        if kind is not None and kind.kind == "scheduler" and kind.node is value and kind.detail:
-            return [value]
-        return None
-    if isinstance(value, (ast.Name, ast.Attribute)):
-        found = scheduler_constructors(facts, value, depth + 1)
-        return found or None
-    return None
-
-
-def scheduler_type(facts: Facts, expr: ast.AST | None) -> tuple[str, list[ast.Call]] | None:
-    """("StepLR", constructors) when every binding of `expr` builds the same scheduler type."""
-    constructors = scheduler_constructors(facts, expr)
-    names = {facts.short_name(c) for c in constructors}
-    if len(names) != 1:
-        return None
-    return names.pop(), constructors
-
-
-def _argument(call: ast.Call, name: str, index: int) -> ast.expr | None:
-    for keyword in call.keywords:
-        if keyword.arg == name:
-            return keyword.value
-    if index < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args):
-        return call.args[index]
-    return None
-
-
 def _scheduler_optimizer_key(facts: Facts, constructors: list[ast.Call]) -> str | None:
-    keys = {facts.key(_argument(c, "optimizer", 0)) for c in constructors}
+    keys = {facts.key(call_argument(c, "optimizer", 0)) for c in constructors}
     return keys.pop() if len(keys) == 1 else None
-
-
-# ---------------------------------------------------------------------- schedule units
-STEP_WORD_RE = re.compile(r"step|iter|batch|update|sample|^len$|^n_?iters?$|loader", re.I)
-EPOCH_WORD_RE = re.compile(r"epoch", re.I)
-
-
-def _words(facts: Facts, expr: ast.AST, depth: int = 0) -> tuple[set[str], list[float]]:
-    """Identifiers and numeric constants `expr` is computed from, through local names."""
-    words: set[str] = set()
-    numbers: list[float] = []
-    for node in ast.walk(expr):
-        if isinstance(node, ast.Name):
-            words.add(node.id)
-            value = facts.binding_value(node) if depth < 3 else None
-            if value is not None:
-                more, more_numbers = _words(facts, value, depth + 1)
-                words |= more
-                numbers += more_numbers
-        elif isinstance(node, ast.Attribute):
-            words.add(node.attr)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
-            if not isinstance(node.value, bool):
-                numbers.append(float(node.value))
-    return words, numbers
-
-
-def schedule_unit(facts: Facts, expr: ast.AST | None) -> str | None:
-    """ "step" when a schedule length is counted in batches/steps, "epoch" when in epochs,
-    "const" for plain numbers, None when it cannot be told."""
-    if expr is None:
-        return None
-    words, numbers = _words(facts, expr)
-    if any(STEP_WORD_RE.search(w) and not w.lower().endswith("epoch") for w in words):
-        return "step"
-    if any(EPOCH_WORD_RE.search(w) for w in words):
-        return "epoch"
-    if not words and numbers:
-        return "const"
-    return None
-
-
-def _largest(facts: Facts, expr: ast.AST | None) -> float:
-    if expr is None:
-        return 0.0
-    return max(_words(facts, expr)[1], default=0.0)
-
-
-# Schedules only known to be per-epoch when their length is spelled in epochs.
-LENGTH_PARAMETERS = {
-    "CosineAnnealingLR": ("T_max", 1),
-    "LinearLR": ("total_iters", 3),
-    "ConstantLR": ("total_iters", 2),
-    "PolynomialLR": ("total_iters", 1),
-}
-
-
-def schedule_design(facts: Facts, constructor: ast.Call) -> str | None:
-    """How the schedule is meant to be stepped: "epoch", "batch", or None (cannot tell)."""
-    name = facts.short_name(constructor)
-    if name == "ReduceLROnPlateau":
-        return "epoch"
-    if name in ("StepLR", "MultiStepLR"):
-        length = _argument(constructor, "step_size" if name == "StepLR" else "milestones", 1)
-        unit = schedule_unit(facts, length)
-        if unit == "epoch" or (unit == "const" and _largest(facts, length) <= 500):
-            return "epoch"
-        return None
-    if name == "ExponentialLR":
-        gamma = _argument(constructor, "gamma", 1)
-        unit = schedule_unit(facts, gamma)
-        if unit == "epoch" or (unit == "const" and _largest(facts, gamma) < 0.99):
-            return "epoch"
-        return None
-    if name in ("CosineAnnealingLR", "LinearLR", "ConstantLR", "PolynomialLR"):
-        parameter, index = LENGTH_PARAMETERS[name]
-        length = _argument(constructor, parameter, index)
-        return "epoch" if schedule_unit(facts, length) == "epoch" else None
-    if name == "OneCycleLR":
-        per_epoch = _argument(constructor, "steps_per_epoch", 4)
-        if per_epoch is not None:
-            # `steps_per_epoch=1` is a one-cycle schedule over epochs, stepped once per epoch.
-            single = isinstance(per_epoch, ast.Constant) and per_epoch.value == 1
-            return None if single else "batch"
-        total = _argument(constructor, "total_steps", 2)
-        return "batch" if schedule_unit(facts, total) == "step" else None
-    if name == "CyclicLR":
-        size = _argument(constructor, "step_size_up", 4)
-        if size is None or schedule_unit(facts, size) == "step":
-            return "batch"
-        return None
-    return None
 
 
 # ---------------------------------------------------------------------- loops

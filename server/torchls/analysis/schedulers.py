@@ -1,0 +1,183 @@
+"""Learning-rate schedulers: which constructor a name holds and how it is meant to be stepped.
+
+In: `Facts` and an expression or a scheduler constructor call. Out: the constructors every
+binding of a name builds, the scheduler type, and the schedule's design cadence — "epoch" or
+"batch" — read from its arguments (a `T_max` spelled in epochs, `steps_per_epoch`, ...), or
+None when the code does not say. Shared by the facts (`Facts.scheduler_cadence`) and the TL4xx
+rules.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torchls.analysis.facts import Facts
+
+
+def scheduler_constructors(facts: Facts, expr: ast.AST | None, depth: int = 0) -> list[ast.Call]:
+    """Every scheduler constructor call `expr` may hold (all its bindings), or [] when any
+    binding is unknown (a parameter, a factory, a loop target)."""
+    if expr is None or depth > 4:
+        return []
+    values: list[ast.expr] = []
+    if isinstance(expr, ast.Name):
+        scope = facts.scope(expr)
+        assignments = facts.assignments_of(expr.id, scope)  # type: ignore[arg-type]
+        if not assignments and scope is not facts.tree:
+            assignments = facts.assignments_of(expr.id, facts.tree)
+        for assignment in assignments:
+            if assignment.value is None or assignment.index is not None or assignment.loop:
+                return []
+            values.append(assignment.value)
+    elif isinstance(expr, ast.Attribute):
+        values = facts.self_attribute_values(expr)
+    else:
+        values = [expr]  # type: ignore[list-item]
+    found: list[ast.Call] = []
+    for value in values:
+        resolved = _constructors_in_value(facts, value, depth)
+        if resolved is None:
+            return []
+        found.extend(resolved)
+    return found
+
+
+def _constructors_in_value(facts: Facts, value: ast.expr, depth: int) -> list[ast.Call] | None:
+    if isinstance(value, ast.Constant) and value.value is None:
+        return []
+    if isinstance(value, ast.IfExp):
+        body = _constructors_in_value(facts, value.body, depth)
+        orelse = _constructors_in_value(facts, value.orelse, depth)
+        return None if body is None or orelse is None else body + orelse
+    if isinstance(value, ast.Call):
+        kind = facts.kind_of(value)
+        if kind is not None and kind.kind == "scheduler" and kind.node is value and kind.detail:
+            return [value]
+        return None
+    if isinstance(value, (ast.Name, ast.Attribute)):
+        found = scheduler_constructors(facts, value, depth + 1)
+        return found or None
+    return None
+
+
+def scheduler_type(facts: Facts, expr: ast.AST | None) -> tuple[str, list[ast.Call]] | None:
+    """("StepLR", constructors) when every binding of `expr` builds the same scheduler type."""
+    constructors = scheduler_constructors(facts, expr)
+    names = {facts.short_name(c) for c in constructors}
+    if len(names) != 1:
+        return None
+    return names.pop(), constructors
+
+
+def call_argument(call: ast.Call, name: str, index: int) -> ast.expr | None:
+    for keyword in call.keywords:
+        if keyword.arg == name:
+            return keyword.value
+    if index < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args):
+        return call.args[index]
+    return None
+
+
+# ---------------------------------------------------------------------- schedule units
+STEP_WORD_RE = re.compile(r"step|iter|batch|update|sample|^len$|^n_?iters?$|loader", re.I)
+EPOCH_WORD_RE = re.compile(r"epoch", re.I)
+
+
+def _words(facts: Facts, expr: ast.AST, depth: int = 0) -> tuple[set[str], list[float]]:
+    """Identifiers and numeric constants `expr` is computed from, through local names."""
+    words: set[str] = set()
+    numbers: list[float] = []
+    for node in ast.walk(expr):
+        if isinstance(node, ast.Name):
+            words.add(node.id)
+            value = facts.binding_value(node) if depth < 3 else None
+            if value is not None:
+                more, more_numbers = _words(facts, value, depth + 1)
+                words |= more
+                numbers += more_numbers
+        elif isinstance(node, ast.Attribute):
+            words.add(node.attr)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            if not isinstance(node.value, bool):
+                numbers.append(float(node.value))
+    return words, numbers
+
+
+def schedule_unit(facts: Facts, expr: ast.AST | None) -> str | None:
+    """ "step" when a schedule length is counted in batches/steps, "epoch" when in epochs,
+    "const" for plain numbers, None when it cannot be told."""
+    if expr is None:
+        return None
+    words, numbers = _words(facts, expr)
+    if any(STEP_WORD_RE.search(w) and not w.lower().endswith("epoch") for w in words):
+        return "step"
+    if any(EPOCH_WORD_RE.search(w) for w in words):
+        return "epoch"
+    if not words and numbers:
+        return "const"
+    return None
+
+
+def _largest(facts: Facts, expr: ast.AST | None) -> float:
+    if expr is None:
+        return 0.0
+    return max(_words(facts, expr)[1], default=0.0)
+
+
+# Schedules only known to be per-epoch when their length is spelled in epochs.
+LENGTH_PARAMETERS = {
+    "CosineAnnealingLR": ("T_max", 1),
+    "LinearLR": ("total_iters", 3),
+    "ConstantLR": ("total_iters", 2),
+    "PolynomialLR": ("total_iters", 1),
+}
+
+
+def schedule_design(facts: Facts, constructor: ast.Call) -> str | None:
+    """How the schedule is meant to be stepped: "epoch", "batch", or None (cannot tell)."""
+    name = facts.short_name(constructor)
+    if name == "ReduceLROnPlateau":
+        return "epoch"
+    if name in ("StepLR", "MultiStepLR"):
+        length = call_argument(constructor, "step_size" if name == "StepLR" else "milestones", 1)
+        unit = schedule_unit(facts, length)
+        if unit == "epoch" or (unit == "const" and _largest(facts, length) <= 500):
+            return "epoch"
+        return None
+    if name == "ExponentialLR":
+        gamma = call_argument(constructor, "gamma", 1)
+        unit = schedule_unit(facts, gamma)
+        if unit == "epoch" or (unit == "const" and _largest(facts, gamma) < 0.99):
+            return "epoch"
+        return None
+    if name in ("CosineAnnealingLR", "LinearLR", "ConstantLR", "PolynomialLR"):
+        parameter, index = LENGTH_PARAMETERS[name]
+        length = call_argument(constructor, parameter, index)
+        return "epoch" if schedule_unit(facts, length) == "epoch" else None
+    if name == "OneCycleLR":
+        per_epoch = call_argument(constructor, "steps_per_epoch", 4)
+        if per_epoch is not None:
+            # `steps_per_epoch=1` is a one-cycle schedule over epochs, stepped once per epoch.
+            single = isinstance(per_epoch, ast.Constant) and per_epoch.value == 1
+            return None if single else "batch"
+        total = call_argument(constructor, "total_steps", 2)
+        return "batch" if schedule_unit(facts, total) == "step" else None
+    if name == "CyclicLR":
+        size = call_argument(constructor, "step_size_up", 4)
+        if size is None or schedule_unit(facts, size) == "step":
+            return "batch"
+        return None
+    return None
+
+
+def scheduler_cadence(facts: Facts, expr: ast.AST | None) -> str | None:
+    """ "epoch" or "batch" when every binding of `expr` is a scheduler designed to be stepped
+    at that rate, else None."""
+    found = scheduler_type(facts, expr)
+    if found is None:
+        return None
+    designs = {schedule_design(facts, constructor) for constructor in found[1]}
+    return designs.pop() if len(designs) == 1 else None
