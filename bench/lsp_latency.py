@@ -22,9 +22,9 @@ from pygls.lsp.client import LanguageClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from corpus import large_module  # noqa: E402
+from corpus import large_module
 
-from torchls.analysis import analyze  # noqa: E402
+from torchls.analysis import analyze
 
 BUG_OFF = "loss = criterion(logits, "
 BUG_ON = "loss = criterion(F.softmax(logits, dim=-1), "
@@ -32,7 +32,7 @@ BUG_ON = "loss = criterion(F.softmax(logits, dim=-1), "
 
 def percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
 
 
 async def run(edits: int, lines: int) -> None:
@@ -63,7 +63,9 @@ async def run(edits: int, lines: int) -> None:
     waiting[0] = loop.create_future()
     client.text_document_did_open(
         types.DidOpenTextDocumentParams(
-            text_document=types.TextDocumentItem(uri=uri, language_id="python", version=0, text=source)
+            text_document=types.TextDocumentItem(
+                uri=uri, language_id="python", version=0, text=source
+            )
         )
     )
     await asyncio.wait_for(waiting[0], 30)
@@ -94,13 +96,16 @@ async def run(edits: int, lines: int) -> None:
         analyze(text, "bench.py")
         baseline.append((time.perf_counter() - start) * 1000)
     changed = len({counts[v] for v in range(1, edits + 1)})
-    print(f"document: {source.count(chr(10))} lines; {edits} edits; {changed} distinct finding counts")
+    print(
+        f"document: {source.count(chr(10))} lines; {edits} edits; {changed} distinct finding counts"
+    )
     print(
         f"didChange -> publishDiagnostics: p50 {statistics.median(latencies):.1f} ms, "
         f"p95 {percentile(latencies, 0.95):.1f} ms, max {max(latencies):.1f} ms (target p95 <= 30)"
     )
-    print(f"in-process analysis of the same text (baseline): p50 {statistics.median(baseline):.1f} ms")
-    print(f"protocol + server overhead at p50: {statistics.median(latencies) / statistics.median(baseline):.2f}x")
+    base = statistics.median(baseline)
+    print(f"in-process analysis of the same text (baseline): p50 {base:.1f} ms")
+    print(f"protocol + server overhead at p50: {statistics.median(latencies) / base:.2f}x")
 
 
 def main() -> None:

@@ -4,6 +4,10 @@ In: the paths the user named (files, folders or `-` for stdin) and the command-l
 options. Out: one `FileReport` per file (findings, syntax problems, or why it could not be read)
 plus the paths that did not exist. Printing is `torchls.output`'s job; the analysis itself is
 `torchls.analysis`'s. This module owns only the plumbing between the two and the disk.
+
+Folders are walked skipping tool folders, the config's `exclude` globs and, inside a git work
+tree, whatever git ignores (asked once per work tree with `git ls-files`; without git, or
+outside a work tree, nothing is filtered).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import fnmatch
 import io
 import os
+import subprocess
 import sys
 import tokenize
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -185,20 +190,29 @@ def config_warnings(config: ProjectConfig) -> list[str]:
 # --- discovery -------------------------------------------------------------------------------
 
 
-def discover(paths: Sequence[str], resolver: ConfigResolver) -> Discovery:
+def discover(
+    paths: Sequence[str], resolver: ConfigResolver, force_exclude: bool = False
+) -> Discovery:
     """Every Python file under `paths`, in a stable order, each once.
 
-    A file named explicitly is always checked (even without a .py suffix or when excluded);
-    folders are walked for `*.py`, skipping tool folders and the config's `exclude` globs.
+    A file named explicitly is checked even without a .py suffix, and even when excluded or
+    git-ignored unless `force_exclude` (what pre-commit, which names every staged file,
+    needs); folders are walked for `*.py`, skipping tool folders, the config's `exclude` globs
+    and git-ignored paths.
     """
     found = Discovery()
     seen: set[Path] = set()
+    ignored = GitIgnored()
     for raw in paths:
         path = Path(raw)
         if path.is_file():
+            if force_exclude and (_excluded_or_in_excluded(path, resolver) or ignored(path)):
+                continue
             candidates: Iterable[Path] = [path]
         elif path.is_dir():
-            candidates = _walk(path, resolver, found)
+            # A folder the user names is checked even when git ignores it as a whole.
+            walk_ignored = _nothing_ignored if ignored(path) else ignored
+            candidates = _walk(path, resolver, found, walk_ignored)
         else:
             found.missing.append(raw)
             continue
@@ -210,7 +224,9 @@ def discover(paths: Sequence[str], resolver: ConfigResolver) -> Discovery:
     return found
 
 
-def _walk(root: Path, resolver: ConfigResolver, found: Discovery) -> Iterator[Path]:
+def _walk(
+    root: Path, resolver: ConfigResolver, found: Discovery, ignored: Callable[[Path], bool]
+) -> Iterator[Path]:
     def on_error(error: OSError) -> None:
         name = error.filename or str(root)
         found.unreadable.append(
@@ -219,17 +235,82 @@ def _walk(root: Path, resolver: ConfigResolver, found: Discovery) -> Iterator[Pa
 
     for folder, dirs, files in os.walk(root, onerror=on_error):
         here = Path(folder)
-        dirs[:] = sorted(d for d in dirs if not _skip_dir(here / d, resolver))
+        dirs[:] = sorted(d for d in dirs if not _skip_dir(here / d, resolver, ignored))
         for name in sorted(files):
             path = here / name
-            if name.endswith(".py") and not _excluded(path, resolver):
+            if name.endswith(".py") and not _excluded(path, resolver) and not ignored(path):
                 yield path
 
 
-def _skip_dir(path: Path, resolver: ConfigResolver) -> bool:
+def _skip_dir(path: Path, resolver: ConfigResolver, ignored: Callable[[Path], bool]) -> bool:
     if path.name in SKIPPED_DIRS or (path / "pyvenv.cfg").is_file():
         return True
-    return _excluded(path, resolver)
+    return _excluded(path, resolver) or ignored(path)
+
+
+def _nothing_ignored(path: Path) -> bool:
+    return False
+
+
+class GitIgnored:
+    """Whether git ignores a path, asked once per work tree (a subprocess per tree, not per file).
+
+    `git ls-files --others --ignored --exclude-standard --directory` lists every untracked
+    path that .gitignore, .git/info/exclude or the user's excludes file ignores (a wholly
+    ignored folder as one entry), so a walk can prune ignored folders without a question per
+    file. Tracked files are never ignored, as in git. No git, or not a work tree: nothing is.
+    """
+
+    def __init__(self) -> None:
+        self._tree_of: dict[Path, Path | None] = {}
+        self._ignored: dict[Path, frozenset[Path]] = {}
+
+    def __call__(self, path: Path) -> bool:
+        absolute = Path(os.path.abspath(path))
+        folder = absolute if absolute.is_dir() else absolute.parent
+        tree = self._work_tree(folder)
+        if tree is None or absolute == tree:
+            return False
+        ignored = self._ignored_in(tree)
+        return any(candidate in ignored for candidate in (absolute, *absolute.parents))
+
+    def _work_tree(self, folder: Path) -> Path | None:
+        """The nearest folder holding `.git` (a folder, or a file for worktrees/submodules)."""
+        if folder not in self._tree_of:
+            if (folder / ".git").exists():
+                self._tree_of[folder] = folder
+            elif folder.parent == folder:
+                self._tree_of[folder] = None
+            else:
+                self._tree_of[folder] = self._work_tree(folder.parent)
+        return self._tree_of[folder]
+
+    def _ignored_in(self, tree: Path) -> frozenset[Path]:
+        if tree not in self._ignored:
+            listing = _git(
+                tree, "ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory"
+            )
+            entries = (listing or "").split("\0")
+            self._ignored[tree] = frozenset(
+                Path(os.path.abspath(tree / entry.rstrip("/"))) for entry in entries if entry
+            )
+        return self._ignored[tree]
+
+
+def _git(folder: Path, *args: str) -> str | None:
+    """git's stdout, or None when git is missing or fails (not a work tree, say)."""
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(folder), *args],
+            capture_output=True,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except OSError:
+        return None
+    if done.returncode != 0:
+        return None
+    return done.stdout.decode("utf-8", "surrogateescape")
 
 
 def _excluded(path: Path, resolver: ConfigResolver) -> bool:
@@ -238,6 +319,20 @@ def _excluded(path: Path, resolver: ConfigResolver) -> bool:
         return False
     relative = config.relative(path)
     return any(_glob_matches(relative, pattern) for pattern in config.exclude)
+
+
+def _excluded_or_in_excluded(path: Path, resolver: ConfigResolver) -> bool:
+    """Like `_excluded`, for a file not reached by walking: its folders count too."""
+    config = resolver.for_path(path)
+    if not config.exclude:
+        return False
+    relative = PurePosixPath(config.relative(path))
+    candidates = [relative, *relative.parents[:-1]]  # the file, then its folders up to the root
+    return any(
+        _glob_matches(candidate.as_posix(), pattern)
+        for candidate in candidates
+        for pattern in config.exclude
+    )
 
 
 def _glob_matches(relative: str, pattern: str) -> bool:
@@ -257,9 +352,18 @@ def _glob_matches(relative: str, pattern: str) -> bool:
 
 
 def check_paths(
-    files: Sequence[Path], resolver: ConfigResolver, options: CheckOptions
+    files: Sequence[Path],
+    resolver: ConfigResolver,
+    options: CheckOptions,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[FileReport]:
-    return [check_file(path, resolver, options) for path in files]
+    """Check each file; `progress(done, total)` is called after each one when given."""
+    reports = []
+    for path in files:
+        reports.append(check_file(path, resolver, options))
+        if progress is not None:
+            progress(len(reports), len(files))
+    return reports
 
 
 def check_file(path: Path, resolver: ConfigResolver, options: CheckOptions) -> FileReport:

@@ -1,4 +1,4 @@
-"""The `torchls` command line: `check`, `rule`, `server`, `--version`.
+"""The `torchls` command line: `check`, `rule`, `repro`, `server`, `--version`.
 
 In: argv. Out: text or JSON on stdout, problems on stderr, and an exit code users script
 against: 0 clean, 1 findings, 2 usage error or a file that could not be read (the others are
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from torchls import __version__, output
+from torchls import __version__, output, repro_cli
 from torchls.analysis import Rule, Workspace, all_rules, get_rule
 from torchls.checker import (
     CheckOptions,
@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_check(commands)
     _add_rule(commands)
+    repro_cli.add_parser(commands)
     server = commands.add_parser("server", help="run the language server on stdio")
     # vscode-languageclient appends --stdio for the stdio transport; stdio is all we speak.
     server.add_argument("--stdio", action="store_true", help=argparse.SUPPRESS)
@@ -99,6 +100,11 @@ def _add_check(commands: argparse._SubParsersAction) -> None:
         help="with --fix also apply unsafe fixes; alone, show them as fixable",
     )
     check.add_argument("--exit-zero", action="store_true", help="exit 0 even with findings")
+    check.add_argument(
+        "--force-exclude",
+        action="store_true",
+        help="skip excluded and git-ignored files even when named explicitly (for pre-commit)",
+    )
     check.add_argument("--statistics", action="store_true", help="show counts per rule")
     check.add_argument("--config", type=Path, metavar="PYPROJECT", help="use this pyproject.toml")
     check.add_argument("--stdin-filename", metavar="PATH", help="the name of the file on stdin")
@@ -186,15 +192,54 @@ def _collect(
     if paths == ["-"]:
         data = sys.stdin.buffer.read()
         return [check_stdin(data, args.stdin_filename, resolver, options)], False
-    found = discover(paths, resolver)
+    found = discover(paths, resolver, force_exclude=args.force_exclude)
     for missing in found.missing:
         _error(f"path not found: {missing}")
-    if not found.files and not found.missing and not found.unreadable:
+    if not found.files and not found.missing and not found.unreadable and not args.force_exclude:
         _warn("no Python files found under the given paths")
-    reports = [*found.unreadable, *check_paths(found.files, resolver, options)]
+    progress = _Progress.on(sys.stderr, len(found.files))
+    checked = check_paths(found.files, resolver, options, progress)
+    if progress is not None:
+        progress.clear()
+    reports = [*found.unreadable, *checked]
     # One order whatever order the paths were given in, so outputs diff cleanly between runs.
     reports.sort(key=lambda report: report.display)
     return reports, bool(found.missing)
+
+
+class _Progress:
+    """`checked 120/400 files` on one rewritten stderr line, for people watching a terminal.
+
+    Only when stderr is a terminal and the tree is large: logs and CI output stay clean.
+    """
+
+    MIN_FILES = 20
+    UPDATES = 100  # at most this many redraws, so huge trees don't pay for the printing
+
+    def __init__(self, stream: TextIO, total: int) -> None:
+        self.stream = stream
+        self.every = max(1, total // self.UPDATES)
+        self.width = 0
+
+    @classmethod
+    def on(cls, stream: TextIO, total: int) -> _Progress | None:
+        isatty = getattr(stream, "isatty", None)
+        if total < cls.MIN_FILES or isatty is None or not isatty():
+            return None
+        return cls(stream, total)
+
+    def __call__(self, done: int, total: int) -> None:
+        if done % self.every and done != total:
+            return
+        text = f"checked {done}/{total} files"
+        self.width = max(self.width, len(text))
+        self.stream.write(f"\r{text}")
+        self.stream.flush()
+
+    def clear(self) -> None:
+        """Blank the line so the report (or the shell prompt) starts on a clean one."""
+        self.stream.write("\r" + " " * self.width + "\r")
+        self.stream.flush()
 
 
 def _warn_config(resolver: ConfigResolver) -> None:

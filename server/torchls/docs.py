@@ -1,14 +1,30 @@
-"""Rule documentation rendered from the registry (the README table, later docs/rules.md).
+"""Rule documentation rendered from the registry: the README table, docs/rules.md, one rule.
 
-In: the registered rules. Out: Markdown. `python -m torchls.docs` prints the README table so
-it can be pasted between the README's `rules` markers; a test keeps the two in sync.
+In: the registered rules. Out: Markdown. `python -m torchls.docs` prints the README table so it
+can be pasted between the README's `rules` markers; `python -m torchls.docs --rules-md [PATH]`
+writes docs/rules.md (every rule's full documentation). Tests keep both in sync, and the
+language server's "Show documentation for TLxxx" shows `rule_markdown()` or links to
+`rule_anchor()` in a published copy of docs/rules.md.
 """
 
 from __future__ import annotations
 
-from torchls.analysis import all_rules
+import argparse
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from torchls.analysis import Rule, all_rules
 
 SEVERITY_LETTER = {"error": "E", "warning": "W", "information": "I"}
+RULES_MD = Path("docs") / "rules.md"
+FIX_TEXT = {
+    "safe": "safe (applied by `--fix` and the editor's fix-all)",
+    "unsafe": "unsafe (a quick fix you pick by hand, or `--fix --unsafe-fixes`)",
+    "none": "none",
+}
+_FENCE = re.compile(r"^\s*(```|~~~)")
 
 
 def rule_table() -> str:
@@ -22,5 +38,88 @@ def rule_table() -> str:
     return "\n".join(lines)
 
 
+def rule_heading(rule: Rule) -> str:
+    return f"{rule.code} {rule.name}"
+
+
+def rule_anchor(rule: Rule) -> str:
+    """The fragment GitHub (and most Markdown renderers) give the rule's heading in rules.md."""
+    slug = re.sub(r"[^\w\- ]", "", rule_heading(rule).lower())
+    return slug.replace(" ", "-")
+
+
+def _demote(markdown: str, levels: int) -> str:
+    """Push every heading down `levels` levels, leaving code blocks alone."""
+    out, fenced = [], False
+    for line in markdown.splitlines():
+        if _FENCE.match(line):
+            fenced = not fenced
+        elif not fenced and line.startswith("#"):
+            line = "#" * levels + line
+        out.append(line)
+    return "\n".join(out)
+
+
+def _rule_body(rule: Rule) -> str:
+    facts = (
+        f"**{rule.summary}**\n\n"
+        f"- Severity: {rule.severity}\n"
+        f"- Fix: {FIX_TEXT[rule.fix]}\n"
+        f"- Silence one line with `# noqa: {rule.code}`; details: `torchls rule {rule.code}`\n"
+    )
+    return facts + "\n" + rule.doc.strip() + "\n"
+
+
+def rule_markdown(rule: Rule) -> str:
+    """One rule's full documentation as a standalone Markdown page."""
+    return f"# {rule_heading(rule)}\n\n" + _rule_body(rule)
+
+
+def rules_markdown(rules: Sequence[Rule] | None = None) -> str:
+    """docs/rules.md: an index table linking to every rule's full documentation."""
+    rules = list(all_rules() if rules is None else rules)
+    parts = [
+        "<!-- Generated from the rule registry by `python -m torchls.docs --rules-md`; "
+        "do not edit by hand. -->",
+        "# torchls rules",
+        "Every rule torchls checks, with what it catches, why it is wrong, an example and the "
+        "fix. Severity: **E** a definite bug, **W** very likely a bug, **I** advice. Select "
+        "and ignore rules by code prefix (`--select TL2`, `[tool.torchls] ignore = "
+        '["TL302"]`); silence one line with `# noqa: TL101`.',
+        "| code | name | severity | fix | what it catches |\n|---|---|---|---|---|\n"
+        + "\n".join(
+            f"| [{r.code}](#{rule_anchor(r)}) | {r.name} | {SEVERITY_LETTER[r.severity]} "
+            f"| {r.fix} | {r.summary} |"
+            for r in rules
+        ),
+    ]
+    for rule in rules:
+        parts.append(f"## {rule_heading(rule)}\n\n" + _demote(_rule_body(rule), 1).rstrip())
+    return "\n\n".join(parts) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m torchls.docs",
+        description="Print the README rule table, or write docs/rules.md.",
+    )
+    parser.add_argument(
+        "--rules-md",
+        nargs="?",
+        const=str(RULES_MD),
+        metavar="PATH",
+        help=f"write every rule's documentation to PATH (default: {RULES_MD})",
+    )
+    args = parser.parse_args(argv)
+    if args.rules_md is None:
+        print(rule_table())
+        return 0
+    target = Path(args.rules_md)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(rules_markdown(), encoding="utf-8")
+    print(f"wrote {target}", file=sys.stderr)
+    return 0
+
+
 if __name__ == "__main__":
-    print(rule_table())
+    raise SystemExit(main())

@@ -9,16 +9,23 @@ The JSON shape is a public contract (see design.md): change it only with the con
 from __future__ import annotations
 
 import json
+import os
+import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from torchls import __version__
 from torchls.analysis import Edit, Finding, Position, Rule, all_rules, get_rule
 from torchls.checker import FileReport
 
-SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+SARIF_SCHEMA = (
+    "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
+)
+SARIF_SRCROOT = "%SRCROOT%"
 
 
 @dataclass(frozen=True)
@@ -209,12 +216,12 @@ def github_findings(reports: Sequence[FileReport]) -> str:
         start, end = finding.span.start, finding.span.end
         props = ",".join(
             [
-                f"title={_github_escape(f'torchls ({finding.code})', True)}",
                 f"file={_github_escape(report.display, True)}",
                 f"line={start.row}",
                 f"col={start.column + 1}",
                 f"endLine={end.row}",
                 f"endColumn={end.column + 1}",
+                f"title={_github_escape(finding.code, True)}",
             ]
         )
         message = f"{report.display}:{start.row}:{start.column + 1}: {finding.code} "
@@ -237,10 +244,20 @@ def _sarif_region(start: Position, end: Position) -> dict[str, int]:
     }
 
 
-def _sarif_result(report: FileReport, finding: Finding) -> dict[str, Any]:
+def _sarif_artifact(report: FileReport) -> dict[str, str]:
+    """Where a file is: relative to %SRCROOT% (the working folder) when inside it, which is
+    what code scanning maps onto the repository, else an absolute file URI."""
+    display = report.display
+    if display == "-" or not os.path.isabs(display):
+        return {"uri": quote(display.replace(os.sep, "/")), "uriBaseId": SARIF_SRCROOT}
+    return {"uri": Path(display).as_uri()}
+
+
+def _sarif_result(report: FileReport, finding: Finding, index: dict[str, int]) -> dict[str, Any]:
+    artifact = _sarif_artifact(report)
     location = {
         "physicalLocation": {
-            "artifactLocation": {"uri": report.display},
+            "artifactLocation": artifact,
             "region": _sarif_region(finding.span.start, finding.span.end),
         }
     }
@@ -250,6 +267,8 @@ def _sarif_result(report: FileReport, finding: Finding) -> dict[str, Any]:
         "message": {"text": finding.message},
         "locations": [location],
     }
+    if finding.code in index:
+        result["ruleIndex"] = index[finding.code]
     if finding.fix is not None:
         replacements = [
             {
@@ -261,34 +280,53 @@ def _sarif_result(report: FileReport, finding: Finding) -> dict[str, Any]:
         result["fixes"] = [
             {
                 "description": {"text": finding.fix.message},
-                "artifactChanges": [
-                    {"artifactLocation": {"uri": report.display}, "replacements": replacements}
-                ],
+                "artifactChanges": [{"artifactLocation": artifact, "replacements": replacements}],
             }
         ]
+        result["properties"] = {"fixApplicability": finding.fix.applicability}
     return result
+
+
+def _first_section(doc: str) -> str:
+    """The text of a rule doc's first section ("What it catches"), as one paragraph."""
+    match = re.search(r"^## [^\n]*\n(.*?)(?=^## |\Z)", doc, re.MULTILINE | re.DOTALL)
+    body = match.group(1) if match else doc
+    return " ".join(body.split())
+
+
+def sarif_rule(rule: Rule) -> dict[str, Any]:
+    """A rule's reportingDescriptor: id, name, descriptions, help and default level."""
+    return {
+        "id": rule.code,
+        "name": rule.name,
+        "shortDescription": {"text": rule.summary},
+        "fullDescription": {"text": _first_section(rule.doc) or rule.summary},
+        "help": {"text": rule.doc, "markdown": rule.doc},
+        "defaultConfiguration": {"level": _SARIF_LEVEL[rule.severity]},
+        "properties": {"fix": rule.fix, "tags": ["pytorch", "correctness"]},
+    }
 
 
 def sarif_findings(reports: Sequence[FileReport]) -> str:
     """A SARIF 2.1.0 log; columns are declared as code points, which is what we count."""
-    rules = [
-        {
-            "id": rule.code,
-            "name": rule.name,
-            "shortDescription": {"text": rule.summary},
-            "fullDescription": {"text": rule.doc, "markdown": rule.doc},
-            "defaultConfiguration": {"level": _SARIF_LEVEL[rule.severity]},
-        }
-        for rule in all_rules()
-    ]
+    rules = all_rules()
+    index = {rule.code: position for position, rule in enumerate(rules)}
     log = {
         "$schema": SARIF_SCHEMA,
         "version": "2.1.0",
         "runs": [
             {
-                "tool": {"driver": {"name": "torchls", "version": __version__, "rules": rules}},
+                "tool": {
+                    "driver": {
+                        "name": "torchls",
+                        "version": __version__,
+                        "semanticVersion": __version__,
+                        "rules": [sarif_rule(rule) for rule in rules],
+                    }
+                },
+                "originalUriBaseIds": {SARIF_SRCROOT: {"uri": Path.cwd().as_uri() + "/"}},
                 "columnKind": "unicodeCodePoints",
-                "results": [_sarif_result(r, f) for r, f in all_findings(reports)],
+                "results": [_sarif_result(r, f, index) for r, f in all_findings(reports)],
             }
         ],
     }

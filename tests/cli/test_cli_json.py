@@ -151,7 +151,7 @@ def test_github_annotations(project):
     assert result.returncode == 1
     line, column = project.locate("buggy.py", "y.float()")
     assert (
-        f"::error title=torchls (TL106),file=buggy.py,line={line},col={column},"
-        f"endLine={line},endColumn={column + 9}::buggy.py:{line}:{column}: TL106 "
+        f"::error file=buggy.py,line={line},col={column},"
+        f"endLine={line},endColumn={column + 9},title=TL106::buggy.py:{line}:{column}: TL106 "
     ) in result.stdout
     assert result.stdout.count("::warning ") == 2  # TL302 and TL303

@@ -108,8 +108,25 @@ def _accept_registration(client: RecordingClient, params: types.RegistrationPara
     client.registrations.extend(params.registrations)
 
 
+def converter() -> Any:
+    """pygls' converter, except that a code action carrying a `command` stays a `CodeAction`.
+
+    lsprotocol structures any `Command | CodeAction` object with a `command` key as a Command,
+    but a CodeAction's `command` is an object; only a string `command` makes a Command (the
+    test real clients apply: VS Code, Neovim, lsp-mode).
+    """
+    base = default_converter()
+
+    def command_or_code_action(value: Any, _: Any) -> types.Command | types.CodeAction:
+        kind = types.Command if isinstance(value.get("command"), str) else types.CodeAction
+        return base.structure(value, kind)
+
+    base.register_structure_hook(types.Command | types.CodeAction, command_or_code_action)
+    return base
+
+
 def make_client() -> RecordingClient:
-    client = RecordingClient(converter_factory=default_converter)
+    client = RecordingClient(converter_factory=converter)
     features = dict(DEFAULT_CLIENT_FEATURES)
     features[types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS] = _record_publish
     features[types.CLIENT_REGISTER_CAPABILITY] = _accept_registration

@@ -17,13 +17,14 @@ __all__ = ["TorchLanguageServer", "create_server", "start_stdio"]
 
 def create_server() -> TorchLanguageServer:
     """A new server with the configuration, diagnostics, code action and hover features."""
-    from torchls.lsp import code_actions, configuration, cross_file, diagnostics, hover
+    from torchls.lsp import code_actions, configuration, cross_file, diagnostics, hover, rule_docs
 
     server = TorchLanguageServer()
     configuration.register(server)
     diagnostics.register(server)
     code_actions.register(server)
     hover.register(server)
+    rule_docs.register(server)
     cross_file.register(server)
     return server
 

@@ -5,6 +5,8 @@ In: `textDocument/codeAction` (range, context diagnostics, `only` kinds). Out: `
 - `quickfix` "Fix TLxxx: <message>" for each torchls finding in range that has a fix (unsafe
   fixes say "(unsafe)" and are never preferred),
 - `quickfix` "Disable TLxxx for this line" for each torchls finding in range,
+- `quickfix` "Show documentation for TLxxx", once per code in range, running the
+  `torchls.showRuleDoc` command (`rule_docs`),
 - `source.fixAll.torchls`, all SAFE fixes of the document in one edit (re-analysing until no
   more apply, since fixes that overlap wait for the next pass).
 
@@ -25,6 +27,7 @@ from torchls.analysis.fixes import apply_fixes, fixes_to_apply
 from torchls.analysis.noqa import add_code_to_line
 from torchls.lsp.diagnostics import SOURCE, to_diagnostics
 from torchls.lsp.positions import LineIndex
+from torchls.lsp.rule_docs import SHOW_RULE_DOC
 from torchls.lsp.server import Outcome, Snapshot, TorchLanguageServer, selection_for
 from torchls.lsp.settings import Settings
 
@@ -128,6 +131,16 @@ def _noqa_action(
     )
 
 
+def _doc_action(finding: Finding, diagnostic: types.Diagnostic) -> types.CodeAction:
+    title = f"Show documentation for {finding.code}"
+    return types.CodeAction(
+        title=title,
+        kind=types.CodeActionKind.QuickFix,
+        diagnostics=[diagnostic],
+        command=types.Command(title=title, command=SHOW_RULE_DOC, arguments=[finding.code]),
+    )
+
+
 def fix_all_text(
     text: str, path: str | None, config_start: str | None, settings: Settings, uri: str
 ) -> str:
@@ -216,8 +229,9 @@ async def code_actions(
             d.code for d in params.context.diagnostics if d.source == SOURCE and d.code
         }
         diagnostics = to_diagnostics(server, outcome, related_support=False)
-        fixes, silencers = [], []
+        fixes, silencers, docs = [], [], []
         seen_lines: set[tuple[str, int]] = set()
+        seen_codes: set[str] = set()
         for finding, diagnostic in zip(outcome.findings, diagnostics, strict=True):
             if not _overlaps(diagnostic.range, params.range):
                 continue
@@ -232,8 +246,12 @@ async def code_actions(
                 action = _noqa_action(server, finding, diagnostic, index, snapshot)
                 if action is not None:
                     silencers.append(action)
+            if finding.code not in seen_codes:
+                seen_codes.add(finding.code)
+                docs.append(_doc_action(finding, diagnostic))
         actions.extend(fixes)
         actions.extend(silencers)
+        actions.extend(docs)
     if _wanted(FIX_ALL_KIND, only) and (action := await _fix_all_action(server, snapshot, outcome)):
         actions.append(action)
     if not server.is_current(snapshot):

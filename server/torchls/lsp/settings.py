@@ -68,9 +68,13 @@ def apply_settings(base: Settings, raw: Any) -> tuple[Settings, list[str]]:
 
 
 def unwrap_section(raw: Any) -> Any:
-    """The torchls settings inside a payload that may wrap them as `{"torchls": {...}}`."""
-    if isinstance(raw, Mapping) and isinstance(raw.get(SECTION), Mapping):
-        return raw[SECTION]
+    """The torchls settings inside a payload that may wrap them as `{"torchls": {...}}` or
+    `{"settings": {...}}` (what Helix pushes from `config.settings`), or both."""
+    for _ in range(2):
+        if isinstance(raw, Mapping) and isinstance(raw.get(SECTION), Mapping):
+            raw = raw[SECTION]
+        elif isinstance(raw, Mapping) and set(raw) == {"settings"}:
+            raw = raw["settings"]
     return raw
 
 

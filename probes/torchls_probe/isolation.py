@@ -1,0 +1,82 @@
+"""Isolation a forked child applies to itself: session, rlimits, PID/network namespaces.
+
+In: the limits the server chose. Out: what held, as a dict for the report. Used by the warm
+worker, whose children are forked rather than started by the server (a cold run gets the same
+limits from the server before exec). After `fork()` the child is single-threaded, which is what
+`unshare(2)` with CLONE_NEWUSER requires; Python 3.11 has no `os.unshare`, hence ctypes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import resource
+import signal
+import sys
+from typing import Any
+
+CLONE_NEWNET = 0x40000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWUSER = 0x10000000
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _libc() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+def _limit(kind: int, soft: int, hard: int) -> None:
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(kind, (soft, hard))
+
+
+def apply_limits(limits: dict[str, Any]) -> None:
+    memory = int(limits.get("memory_mb", 0)) << 20
+    if memory > 0:
+        kind = resource.RLIMIT_DATA if limits.get("use_data_limit") else resource.RLIMIT_AS
+        _limit(kind, memory, memory)
+    cpu = int(limits.get("cpu_s", 0))
+    if cpu > 0:
+        _limit(resource.RLIMIT_CPU, cpu, cpu + 5)
+    size = int(limits.get("file_size_mb", 0)) << 20
+    if size > 0:
+        _limit(resource.RLIMIT_FSIZE, size, size)
+    _limit(resource.RLIMIT_CORE, 0, 0)
+    nproc = int(limits.get("nproc", 0))
+    if nproc > 0 and os.geteuid() != 0:
+        _limit(resource.RLIMIT_NPROC, nproc, nproc)
+
+
+def die_with_parent() -> None:
+    libc = _libc()
+    if libc is not None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def become_subreaper() -> bool:
+    """Orphaned descendants are re-parented to us (not to init), so we can reap them."""
+    libc = _libc()
+    return libc is not None and libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def new_namespaces(network: bool) -> dict[str, bool]:
+    """Enter a new PID (and optionally network) namespace for this process's children.
+
+    Tries without a user namespace first (root, or capabilities), then with one. Returns which
+    namespaces are now in effect.
+    """
+    libc = _libc()
+    if libc is None:
+        return {"pid_namespace": False, "network": False}
+    wanted = CLONE_NEWPID | (CLONE_NEWNET if network else 0)
+    for flags in (wanted, wanted | CLONE_NEWUSER, CLONE_NEWPID | CLONE_NEWUSER, CLONE_NEWPID):
+        if libc.unshare(flags) == 0:
+            return {"pid_namespace": True, "network": bool(flags & CLONE_NEWNET)}
+    return {"pid_namespace": False, "network": False}

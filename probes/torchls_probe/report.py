@@ -1,0 +1,198 @@
+"""The probe's JSON report: assembled, size-capped and written as strict JSON.
+
+In: the request, how the run ended, the trace and the parameter checks. Out: a dict following
+docs/probe-report.md, serialised without NaN literals. Only `timing` varies between two runs of
+the same code; everything else is in first-seen or sorted order with rounded floats. Over the
+byte cap, tensor detail is shed first (one output per entry, then finite-only lines from the end),
+findings and events never; `truncated` says so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import TYPE_CHECKING, Any
+
+from torchls_probe import SCHEMA_VERSION, __version__
+from torchls_probe.attribution import Location
+from torchls_probe.findings import Outcome, chain
+from torchls_probe.positions import columns, position, source_line
+from torchls_probe.records import Event
+
+if TYPE_CHECKING:  # torch-free at import, like findings.py
+    from torchls_probe.tracer import Trace
+
+
+def assemble(
+    *,
+    request: Any,
+    outcome: Outcome,
+    device: dict[str, Any] | None,
+    environment: dict[str, Any] | None,
+    trace: Trace | None,
+    findings: list[dict[str, Any]],
+    parameters: dict[str, list[str]],
+    autocast: list[str],
+    timing: dict[str, float],
+) -> dict[str, Any]:
+    report: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "probe_version": __version__,
+        "status": outcome.status,
+        "stopped_by": outcome.stopped_by,
+        "mode": request.mode,
+        "target": {
+            "file": request.file,
+            "root": request.root,
+            "step": request.step,
+            "setup": request.setup,
+        },
+        "bounds": {
+            "steps": request.steps,
+            "batches": request.batch_cap,
+            "timeout_s": request.timeout_s,
+            "memory_mb": request.memory_mb,
+            "output_cap_bytes": request.output_cap_bytes,
+        },
+        "progress": {
+            "optimizer_steps": trace.steps if trace else 0,
+            "batches": trace.batches if trace else 0,
+            "backward_calls": trace.backward_calls if trace else 0,
+        },
+        "device": device or {"requested": request.device, "resolved": None, "observed": []},
+        "environment": environment,
+        "findings": findings,
+        "nonfinite": _nonfinite(trace),
+        "parameters": parameters,
+        "autocast": autocast,
+        "warnings": _warnings(trace),
+        "exception": outcome.exception,
+        "notes": outcome.notes,
+        "lines": _lines(trace),
+        "dropped_lines": trace.lines.dropped_lines if trace else 0,
+        "truncated": False,
+        "timing": {k: round(v, 4) for k, v in timing.items()},
+    }
+    if environment is not None and autocast:
+        environment["autocast"] = autocast
+    return report
+
+
+def _event_json(event: Event) -> dict[str, Any]:
+    item: dict[str, Any] = {
+        "index": event.index,
+        "phase": event.phase,
+        "origin": event.origin,
+        "op": event.op,
+        "module": event.module,
+        "detail": event.detail or None,
+        "optimizer_steps_before": event.step,
+        "sources": event.sources,
+    }
+    item.update(position(event.location))
+    item["summary"] = event.summary
+    return item
+
+
+def _nonfinite(trace: Trace | None) -> dict[str, Any]:
+    if trace is None or not trace.events.items:
+        return {"events": [], "dropped": trace.events.dropped if trace else 0, "chain": []}
+    events = trace.events.items
+    first = events[0]
+    origin = next((e for e in events if e.origin == "op"), first)
+    return {
+        "events": [_event_json(e) for e in events],
+        "dropped": trace.events.dropped,
+        "first": first.index,
+        "chain": [e.index for e in chain(events, origin)],
+    }
+
+
+def _warnings(trace: Trace | None) -> list[dict[str, Any]]:
+    if trace is None:
+        return []
+    found = []
+    for warning in trace.warnings:
+        loc: Location | None = warning["location"]
+        item: dict[str, Any] = {"category": warning["category"], "message": warning["message"]}
+        item.update(
+            position(loc) if loc is not None else {"filename": None, "line": None, "column": None}
+        )
+        found.append(item)
+    return found
+
+
+def _lines(trace: Trace | None) -> list[dict[str, Any]]:
+    if trace is None:
+        return []
+    found = []
+    for (filename, line), record in sorted(trace.lines.lines.items()):
+        entries = []
+        for entry in record.entries.values():
+            column, end_column = columns(Location(filename, line, entry.col, line, entry.end_col))
+            entries.append(
+                {
+                    "op": entry.op,
+                    "column": column,
+                    "end_column": end_column,
+                    "module": entry.module,
+                    "phase": entry.phase,
+                    "count": entry.count,
+                    "nonfinite_count": entry.nonfinite_count,
+                    "outputs": entry.outputs,
+                    "grad": entry.grad,
+                }
+            )
+        found.append(
+            {
+                "filename": filename,
+                "line": line,
+                "source": source_line(filename, line).strip()[:200],
+                "entries": entries,
+                "dropped_entries": record.dropped_entries,
+            }
+        )
+    return found
+
+
+def strict(value: Any) -> Any:
+    """Replace NaN/Inf floats anywhere in `value` with None (strict JSON has no NaN)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict(v) for v in value]
+    return value
+
+
+def dumps(report: dict[str, Any], cap: int) -> str:
+    """Strict, compact JSON no larger than `cap` bytes where shedding tensor detail allows."""
+    report = strict(report)
+    text = _encode(report)
+    if len(text.encode("utf-8")) <= cap:
+        return text
+    report["truncated"] = True
+    for line in report["lines"]:
+        for entry in line["entries"]:
+            entry["outputs"] = entry["outputs"][:1]
+    text = _encode(report)
+    # Drop finite-only lines from the end first, then any line, until it fits. Sizes are
+    # estimated per line (its own encoding plus a comma) so this stays linear.
+    total = len(text.encode("utf-8"))
+    for keep_nonfinite in (True, False):
+        lines = report["lines"]
+        for index in range(len(lines) - 1, -1, -1):
+            if total <= cap:
+                break
+            line = lines[index]
+            if keep_nonfinite and any(e["nonfinite_count"] for e in line["entries"]):
+                continue
+            total -= len(_encode(line).encode("utf-8")) + 1
+            del lines[index]
+            report["dropped_lines"] += 1
+    return _encode(report)
+
+
+def _encode(report: dict[str, Any]) -> str:
+    return json.dumps(report, allow_nan=False, separators=(",", ":"), ensure_ascii=False)

@@ -1,0 +1,126 @@
+"""What to run and within which bounds: the request the server hands the probe as JSON.
+
+In: a dict parsed from JSON (the server writes it; a person may too, with `python -m
+torchls_probe --request FILE`). Out: a validated `Request`, or `RequestError` naming the first
+bad key. Paths are absolute by the time they get here; the server resolves them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+DEVICES_HELP = "auto, cpu, cuda, cuda:N or mps"
+
+
+class RequestError(ValueError):
+    """The request is malformed; the message names the key."""
+
+
+@dataclass
+class Request:
+    file: str
+    mode: str = "script"
+    root: str = ""
+    argv: list[str] = field(default_factory=list)
+    step: str | None = None
+    setup: str | None = None
+    setup_args: dict[str, Any] = field(default_factory=dict)
+    steps: int = 2
+    batches: int | None = None
+    device: str = "auto"
+    allow_fallback: bool = False
+    seed: int = 0
+    deterministic: bool = False
+    timeout_s: float = 60.0
+    memory_mb: int = 4096
+    output_cap_bytes: int = 1 << 20
+    report_cap_bytes: int = 512 << 10
+    max_entries_per_line: int = 8
+    max_outputs: int = 4
+    max_lines: int = 400
+    max_events: int = 20
+    out: str | None = None
+    output_file: str | None = None
+    command: str = ""
+
+    @property
+    def batch_cap(self) -> int:
+        return self.batches if self.batches is not None else self.steps
+
+
+# key -> accepted python types; bool is checked before int because bool subclasses int.
+_TYPES: dict[str, tuple[type, ...]] = {
+    "file": (str,),
+    "mode": (str,),
+    "root": (str,),
+    "argv": (list,),
+    "step": (str, type(None)),
+    "setup": (str, type(None)),
+    "setup_args": (dict,),
+    "steps": (int,),
+    "batches": (int, type(None)),
+    "device": (str,),
+    "allow_fallback": (bool,),
+    "seed": (int,),
+    "deterministic": (bool,),
+    "timeout_s": (int, float),
+    "memory_mb": (int,),
+    "output_cap_bytes": (int,),
+    "report_cap_bytes": (int,),
+    "max_entries_per_line": (int,),
+    "max_outputs": (int,),
+    "max_lines": (int,),
+    "max_events": (int,),
+    "out": (str, type(None)),
+    "output_file": (str, type(None)),
+    "command": (str,),
+}
+
+
+def parse_request(data: Any) -> Request:
+    if not isinstance(data, dict):
+        raise RequestError("the request must be a JSON object")
+    unknown = sorted(set(data) - set(_TYPES) - {"version"})
+    if unknown:
+        raise RequestError(f"unknown request key {unknown[0]!r}")
+    if "file" not in data:
+        raise RequestError("missing request key 'file'")
+    for key, value in data.items():
+        if key == "version":
+            continue
+        expected = _TYPES[key]
+        wrong_bool = isinstance(value, bool) and bool not in expected
+        if wrong_bool or not isinstance(value, expected):
+            names = " or ".join(t.__name__ for t in expected).replace("NoneType", "null")
+            raise RequestError(f"request key {key!r} must be {names}, got {value!r}")
+    request = Request(**{k: v for k, v in data.items() if k != "version"})
+    _check_values(request)
+    return request
+
+
+def _check_values(request: Request) -> None:
+    if request.mode not in ("script", "function"):
+        raise RequestError(
+            f"request key 'mode' must be 'script' or 'function', got {request.mode!r}"
+        )
+    if request.mode == "function" and not request.step:
+        raise RequestError("function mode needs the key 'step'")
+    for key in ("steps", "memory_mb", "output_cap_bytes", "report_cap_bytes"):
+        if getattr(request, key) < 1:
+            raise RequestError(f"request key {key!r} must be at least 1")
+    if request.batches is not None and request.batches < 1:
+        raise RequestError("request key 'batches' must be at least 1")
+    if request.timeout_s <= 0:
+        raise RequestError("request key 'timeout_s' must be positive")
+    if not all(isinstance(arg, str) for arg in request.argv):
+        raise RequestError("request key 'argv' must be a list of strings")
+    if not valid_device(request.device):
+        raise RequestError(f"request key 'device' must be {DEVICES_HELP}, got {request.device!r}")
+
+
+def valid_device(text: str) -> bool:
+    if text in ("auto", "cpu", "cuda", "mps"):
+        return True
+    prefix, _, index = text.partition(":")
+    return prefix == "cuda" and index.isdigit()

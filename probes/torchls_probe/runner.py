@@ -1,0 +1,323 @@
+"""One bounded, traced run from request to report file.
+
+In: a validated `Request` and a progress channel. Out: the report written to `request.out`
+(atomically), and a process exit code: 0 when a report was written, 3 when not even that was
+possible. Torch is imported here, after the device environment is prepared, so that hiding or
+selecting CUDA devices takes effect; the warm worker has imported torch already and only serves
+CPU runs, for which that makes no difference.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+from torchls_probe.attribution import Location, UserCode
+from torchls_probe.bounds import ProbeLimit, ProbeStop, arm_alarm, capture_output, disarm_alarm
+from torchls_probe.device import DeviceError, prepare_environment
+from torchls_probe.findings import Outcome
+from torchls_probe.progress import Progress
+from torchls_probe.request import Request
+
+# Seconds kept back from the wall-clock limit to write a partial report before the server kills.
+_REPORT_MARGIN = 1.0
+
+_LIMIT_TEXT = {
+    "timeout": "stopped by the wall-clock limit of {timeout:g} s",
+    "cpu": "stopped by the CPU-time limit",
+    "output": "stopped: output exceeded the cap of {cap} bytes",
+    "memory": "stopped by the memory limit of {memory} MB: {message}",
+}
+
+
+def run(request: Request, progress: Progress, started: float | None = None) -> int:
+    started = time.monotonic() if started is None else started
+    timing: dict[str, float] = {}
+    outcome = Outcome()
+    if request.output_file:
+        budget = capture_output(request.output_file, request.output_cap_bytes)
+    else:
+        budget = None
+    # A segfault in the user's code (or an extension) leaves its Python stack in the output.
+    faulthandler.enable()
+    if "torch" not in sys.modules:
+        prepare_environment(request.device)
+    arm_alarm(started + max(0.5, request.timeout_s - _REPORT_MARGIN))
+    state: dict[str, Any] = {}
+    try:
+        _run_traced(request, progress, outcome, state, timing, started)
+    except BaseException as error:
+        disarm_alarm()  # first: a repeat of the alarm must not interrupt the bookkeeping
+        _classify(error, request, outcome, state)
+    finally:
+        disarm_alarm()
+        undo = state.get("undo")
+        if undo is not None:
+            undo()
+    if budget is not None and budget.exceeded and outcome.stopped_by != "output":
+        outcome.notes.append(f"output beyond {request.output_cap_bytes} bytes was dropped")
+    timing["run_s"] = time.monotonic() - started - timing.get("import_s", 0.0)
+    progress.emit("report", "writing report")
+    return _write(request, outcome, state, timing, started)
+
+
+def _run_traced(
+    request: Request,
+    progress: Progress,
+    outcome: Outcome,
+    state: dict[str, Any],
+    timing: dict[str, float],
+    started: float,
+) -> None:
+    progress.emit("import", "importing torch")
+    try:
+        import torch  # noqa: F401
+    except Exception as error:  # not BaseException: a limit striking here is still a limit
+        outcome.status, outcome.stopped_by = "error", "setup"
+        outcome.exception = _exception(error, None, None, kind="setup")
+        outcome.exception["message"] = (
+            f"torch cannot be imported by {sys.executable}: {error} "
+            "(choose the interpreter that has your torch with --python)"
+        )
+        return
+    timing["import_s"] = time.monotonic() - started
+
+    from torchls_probe import device as devices
+    from torchls_probe import environment
+    from torchls_probe.hooks import Hooks
+    from torchls_probe.params import Roots
+    from torchls_probe.tracer import Trace, Tracer
+
+    try:
+        state["device"] = devices.resolve(request.device, request.allow_fallback)
+    except DeviceError as error:
+        outcome.status, outcome.stopped_by = "error", "setup"
+        outcome.exception = _exception(error, None, None, kind="device")
+        return
+    determinism = environment.seed_everything(request.seed, request.deterministic)
+    state["environment"] = environment.describe(request.command, request.root, determinism)
+    files = [request.file]
+    user = UserCode([request.root or os.path.dirname(request.file)], files, _torch_dirs())
+    trace = Trace(user, request.max_lines, request.max_entries_per_line, request.max_events)
+    roots = Roots(user)
+    hooks = Hooks(trace, roots, request.steps, request.batch_cap, progress)
+    state.update(trace=trace, roots=roots, hooks=hooks, user=user)
+    tracer = Tracer(trace, request.max_outputs)
+    if request.root:
+        os.chdir(request.root)
+    state["undo"] = hooks.install()
+    if request.mode == "script":
+        from torchls_probe.targets import run_script
+
+        progress.emit("run", f"running {os.path.basename(request.file)}")
+        with tracer:
+            run_script(request.file, request.argv)
+    else:
+        _run_function(request, progress, tracer, state, determinism)
+    outcome.stopped_by = "end"
+
+
+def _run_function(
+    request: Request, progress: Progress, tracer: Any, state: dict[str, Any], determinism: Any
+) -> None:
+    import torch
+
+    from torchls_probe import environment
+    from torchls_probe.stats import is_finite, summary, tensors_in
+    from torchls_probe.targets import call_setup, find_function, step_arguments
+
+    step = find_function(request.step or "", request.file, "step")
+    setup = find_function(request.setup, request.file, "setup") if request.setup else None
+    device = torch.device(state["device"]["torch_device"])
+    progress.emit("setup", "building the model and batch")
+    args, kwargs = step_arguments(call_setup(setup, device, request.setup_args) if setup else None)
+    # The step's randomness (dropout, sampling) must not depend on how much RNG setup used.
+    environment.seed_everything(request.seed, request.deterministic)
+    trace, roots = state["trace"], state["roots"]
+    where = _definition(setup or step, state["user"])
+    for value in [*args, *kwargs.values()]:
+        if isinstance(value, torch.nn.Module) and roots.add_model(value, None):
+            name = type(value).__name__
+            for sub_name, sub in value.named_modules():
+                trace.module_names.setdefault(id(sub), f"{name}.{sub_name}" if sub_name else name)
+    for t in tensors_in((args, kwargs), 64):
+        if not is_finite(t):
+            what = "setup() returned" if setup else "the step got"
+            trace.event("input", where, "setup", summary(t), "op", detail=f"a tensor {what}")
+            break
+    for index in range(request.steps):
+        before = trace.steps
+        with tracer:
+            step(*args, **kwargs)
+        if trace.steps == before:
+            total = request.steps
+            progress.emit("step", f"step {index + 1} of {total}", step=index + 1, total=total)
+
+
+def _definition(function: Any, user: UserCode) -> Location:
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return Location("<unknown>", 1)
+    return Location(user.filename(code) or code.co_filename, code.co_firstlineno)
+
+
+def _torch_dirs() -> list[str]:
+    import torch
+
+    return [os.path.dirname(os.path.abspath(torch.__file__))]
+
+
+def _is_memory(error: BaseException) -> bool:
+    if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
+        return True
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and (
+        "can't allocate memory" in text or "out of memory" in text or "cannot allocate" in text
+    )
+
+
+def _classify(error: BaseException, request: Request, outcome: Outcome, state: dict) -> None:
+    trace = state.get("trace")
+    user: UserCode | None = state.get("user")
+    where = user.traceback_location(error.__traceback__) if user is not None else None
+    op = trace.current_op if trace is not None else None
+    outcome.location = where
+    if isinstance(error, ProbeStop):
+        outcome.stopped_by = error.reason
+        return
+    from torchls_probe.targets import SetupError
+
+    if isinstance(error, SetupError):
+        outcome.status, outcome.stopped_by = "error", "setup"
+        outcome.exception = _exception(error, None, None, kind="setup")
+        return
+    if isinstance(error, SystemExit):
+        outcome.stopped_by = "exit"
+        if error.code in (None, 0):
+            return
+        outcome.status = "error"
+        outcome.exception = _exception(error, where, op, kind="user")
+        return
+    limit = _limit_kind(error)
+    if limit is not None:
+        outcome.status = {"timeout": "timeout", "cpu": "timeout", "memory": "memory"}.get(
+            limit, "error"
+        )
+        outcome.stopped_by = limit
+        outcome.limit_message = _LIMIT_TEXT[limit].format(
+            timeout=request.timeout_s,
+            cap=request.output_cap_bytes,
+            memory=request.memory_mb,
+            message=str(error).strip().splitlines()[0][:200] if str(error).strip() else "",
+        )
+        if limit == "memory":
+            outcome.exception = _exception(error, where, op, kind="limit")
+        return
+    outcome.status, outcome.stopped_by = "error", "exception"
+    outcome.exception = _exception(error, where, op, kind="user")
+
+
+def _limit_kind(error: BaseException) -> str | None:
+    if isinstance(error, ProbeLimit):
+        return error.kind
+    if _is_memory(error):
+        return "memory"
+    if isinstance(error, OSError) and error.errno == 27:  # EFBIG: the file-size limit
+        return "output"
+    return None
+
+
+def _exception(
+    error: BaseException, where: Location | None, op: str | None, kind: str
+) -> dict[str, Any]:
+    from torchls_probe.positions import position
+
+    info: dict[str, Any] = {
+        "kind": kind,
+        "type": type(error).__name__,
+        "message": str(error)[:2000],
+        "op": op,
+    }
+    if where is not None:
+        info.update(position(where))
+    frames = traceback.extract_tb(error.__traceback__) if kind != "setup" else []
+    # The probe's own frames (and runpy's) are noise to the user: keep theirs and libraries'.
+    probe_dir = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    kept = [
+        f
+        for f in frames
+        if not os.path.abspath(f.filename).startswith(probe_dir) and not f.filename.startswith("<")
+    ]
+    info["traceback"] = [
+        {"filename": f.filename, "line": f.lineno, "function": f.name} for f in kept[-20:]
+    ]
+    return info
+
+
+def _write(
+    request: Request, outcome: Outcome, state: dict, timing: dict[str, float], started: float
+) -> int:
+    from torchls_probe import findings as finding_rules
+    from torchls_probe.report import assemble, dumps
+
+    trace = state.get("trace")
+    roots = state.get("roots")
+    hooks = state.get("hooks")
+    device = state.get("device")
+    found: list[dict[str, Any]] = []
+    parameters: dict[str, list[str]] = {"without_grad": [], "zero_grad": [], "not_in_optimizer": []}
+    try:
+        if trace is not None and roots is not None:
+            if trace.backward_calls and not roots.optimizers:
+                roots.check_unused_after_backward()
+            parameters = {
+                "without_grad": list(roots.without_grad),
+                "zero_grad": list(roots.zero_grad),
+                "not_in_optimizer": list(roots.not_in_optimizer()),
+            }
+            if device is not None:
+                from torchls_probe.device import observe
+
+                observe(device, list(trace.observed_devices))
+            environment = state.get("environment")
+            if environment is not None:
+                dtypes = {
+                    str(p.dtype).replace("torch.", "") for m in roots.models for p in m.parameters()
+                }
+                environment["parameter_dtypes"] = sorted(dtypes)
+        if trace is not None and roots is not None:
+            found = finding_rules.build(trace, roots, outcome, request.file)
+        elif outcome.stopped_by in ("timeout", "cpu", "memory", "output"):
+            found = finding_rules.build_limit_only(outcome, request.file)
+    except BaseException as error:
+        outcome.notes.append(f"probe error while building findings: {error!r}")
+    if trace is not None:
+        outcome.notes.extend(trace.internal_errors)
+    timing["total_s"] = time.monotonic() - started
+    report = assemble(
+        request=request,
+        outcome=outcome,
+        device=device,
+        environment=state.get("environment"),
+        trace=trace,
+        findings=found,
+        parameters=parameters,
+        autocast=sorted(hooks.autocast) if hooks is not None else [],
+        timing=timing,
+    )
+    text = dumps(report, request.report_cap_bytes)
+    if request.out is None:
+        sys.__stdout__.write(text + "\n")
+        return 0
+    partial = request.out + ".part"
+    try:
+        with open(partial, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(partial, request.out)
+    except OSError:
+        return 3
+    return 0

@@ -1,0 +1,368 @@
+"""The tracer: a TorchFunctionMode that attributes every top-level torch call to a user line.
+
+In: torch calls made while the mode is active (the mode is disabled inside its own handler, so
+`F.cross_entropy` is one call, not its internals). Out: the shared `Trace` — per-line tensor
+summaries, the first non-finite value per (line, op, phase) with origin vs propagated, loss
+contract violations and broadcast differences feeding a loss. Backward work has no user frame,
+so it is attributed through `Node.register_hook` closures created when the forward op ran.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from torchls_probe.attribution import Location, UserCode
+from torchls_probe.contracts import LOSS_FUNCTIONS, Violation, broadcast_pair, check_loss
+from torchls_probe.names import op_name
+from torchls_probe.records import Entry, Event, Events, LineTable
+from torchls_probe.stats import is_finite, summary, tensors_in
+
+_BACKWARD = {torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad}
+_UNINITIALIZED = {
+    "torch.empty",
+    "torch.empty_like",
+    "torch.empty_strided",
+    "Tensor.new_empty",
+    "Tensor.new_empty_strided",
+}
+_DIFFERENCES = {"Tensor.sub", "Tensor.__sub__", "Tensor.__rsub__", "Tensor.rsub", "torch.sub"}
+# Autograd nodes walked per recorded op: enough to cover a composite op's internal nodes.
+_NODE_WALK = 32
+_SUSPECT_SEARCH = 512
+
+
+class Trace:
+    """Everything the probe collected; `report.py` reads it, the hooks and the mode write it."""
+
+    def __init__(self, user: UserCode, max_lines: int, max_entries: int, max_events: int) -> None:
+        self.user = user
+        self.lines = LineTable(max_lines, max_entries)
+        self.events = Events(max_events)
+        self.contracts: list[tuple[Location, str, Violation]] = []
+        self._contract_keys: set[tuple[Any, ...]] = set()
+        self.warnings: list[dict[str, Any]] = []
+        self._warning_keys: set[tuple[Any, ...]] = set()
+        self.observed_devices: dict[str, None] = {}
+        self.loss_lines: dict[tuple[str, int], None] = {}
+        self.backward_lines: dict[tuple[str, int], Location] = {}
+        self.phase = "forward"
+        self.busy = False  # the probe's own torch work must not be traced
+        self.in_step = False
+        self.steps = 0
+        self.batches = 0
+        self.backward_calls = 0
+        self.current_op: str | None = None
+        self.module_stack: list[torch.nn.Module] = []
+        self.module_names: dict[int, str] = {}
+        self.internal_errors: list[str] = []
+
+    def internal_error(self, op: str, error: Exception) -> None:
+        if len(self.internal_errors) < 5:
+            self.internal_errors.append(f"probe error while recording {op}: {error!r}")
+
+    def module_path(self) -> str | None:
+        if not self.module_stack:
+            return None
+        module = self.module_stack[-1]
+        return self.module_names.get(id(module), type(module).__name__)
+
+    def add_contract(self, loc: Location, op: str, violation: Violation) -> None:
+        key = (loc.key(), violation.message)
+        if key not in self._contract_keys and len(self.contracts) < 50:
+            self._contract_keys.add(key)
+            self.contracts.append((loc, op, violation))
+
+    def add_warning(self, loc: Location | None, category: str, message: str) -> None:
+        key = (loc.key() if loc else None, category, message)
+        if key in self._warning_keys or len(self.warnings) >= 50:
+            return
+        self._warning_keys.add(key)
+        self.warnings.append({"location": loc, "category": category, "message": message})
+
+    def event(
+        self,
+        phase: str,
+        loc: Location,
+        op: str,
+        info: dict[str, Any] | None,
+        origin: str,
+        sources: list[int] | None = None,
+        detail: str = "",
+        module: str | None = None,
+    ) -> Event | None:
+        return self.events.add(
+            Event(
+                index=-1,
+                phase=phase,
+                origin=origin,
+                location=loc,
+                op=op,
+                module=module if module is not None else self.module_path(),
+                summary=info,
+                sources=sources or [],
+                step=self.steps,
+                detail=detail,
+            )
+        )
+
+
+class Tracer(TorchFunctionMode):
+    def __init__(self, trace: Trace, max_outputs: int) -> None:
+        super().__init__()
+        self.trace = trace
+        self.max_outputs = max_outputs
+        # id(tensor) -> (weak reference, event index): non-finite tensors the probe produced.
+        self._nonfinite: dict[int, tuple[weakref.ref, int]] = {}
+        # id(autograd node) -> forward location and entry; cleared after each backward.
+        self._nodes: dict[int, tuple[Location, Entry | None]] = {}
+        # id(node) -> (node, location, violation) of broadcast differences, checked at backward.
+        self._suspects: dict[int, tuple[Any, Location, Violation]] = {}
+
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Any,
+        args: tuple = (),
+        kwargs: dict | None = None,
+    ) -> Any:
+        if kwargs is None:
+            kwargs = {}
+        trace = self.trace
+        if trace.busy or trace.in_step:
+            return func(*args, **kwargs)
+        name = op_name(func)
+        if name is None:
+            return func(*args, **kwargs)
+        frame = trace.user.innermost(sys._getframe(1))
+        if frame is None:
+            return func(*args, **kwargs)
+        loc = trace.user.location(frame)
+        if func in _BACKWARD:
+            return self._backward(func, args, kwargs, loc)
+        loss = func in LOSS_FUNCTIONS
+        if loss:
+            self._check(lambda: check_loss(func, args, kwargs), loc, name)
+        trace.current_op = name
+        result = func(*args, **kwargs)
+        trace.current_op = None
+        trace.busy = True
+        try:
+            self._record(name, loc, result, args, kwargs, "loss" if loss else trace.phase)
+        except Exception as error:  # a probe bug must never change what the user's step does
+            trace.internal_error(name, error)
+        finally:
+            trace.busy = False
+        return result
+
+    # --- forward -------------------------------------------------------------------------------
+
+    def _check(self, run: Callable[[], list[Violation]], loc: Location, op: str) -> None:
+        self.trace.busy = True
+        try:
+            for violation in run():
+                self.trace.add_contract(loc, op, violation)
+        except Exception:  # a check must never break the user's step
+            pass
+        finally:
+            self.trace.busy = False
+
+    def _record(
+        self, name: str, loc: Location, result: Any, args: tuple, kwargs: dict, phase: str
+    ) -> None:
+        outputs = tensors_in(result, self.max_outputs)
+        if not outputs:
+            return
+        trace = self.trace
+        for t in outputs:
+            trace.observed_devices.setdefault(str(t.device), None)
+        uninitialized = name in _UNINITIALIZED
+        key = (name, loc.col, loc.end_col, tuple(tuple(t.shape) for t in outputs))
+        entry = trace.lines.find(loc, key)
+        if entry is None:
+            summaries = [summary(t, uninitialized=uninitialized) for t in outputs]
+            finite = [s.get("finite", True) for s in summaries]
+            entry = trace.lines.add(
+                loc,
+                key,
+                Entry(name, loc.col, loc.end_col, trace.module_path(), phase, summaries),
+            )
+        else:
+            entry.count += 1
+            finite = [True if uninitialized else is_finite(t) for t in outputs]
+        inputs_finite = True
+        if not all(finite):
+            origin = self._nonfinite_output(name, loc, outputs, finite, args, kwargs, entry, phase)
+            inputs_finite = origin == "op"
+        if name in _DIFFERENCES:
+            self._difference(name, loc, args, outputs[0])
+        self._watch(outputs, loc, entry, inputs_finite)
+
+    def _nonfinite_output(
+        self,
+        name: str,
+        loc: Location,
+        outputs: list[torch.Tensor],
+        finite: list[bool],
+        args: tuple,
+        kwargs: dict,
+        entry: Entry | None,
+        phase: str,
+    ) -> str:
+        """Record the event; returns its origin ("op" when every input was finite)."""
+        if entry is not None:
+            entry.nonfinite_count += 1
+        bad = outputs[finite.index(False)]
+        sources: list[int] = []
+        untracked = False
+        for t in tensors_in((args, kwargs), 32):
+            mark = self._nonfinite.get(id(t))
+            if mark is not None and mark[0]() is t:
+                sources.append(mark[1])
+            elif not is_finite(t):
+                untracked = True
+        origin = "propagated" if sources or untracked else "op"
+        event = self.trace.event(phase, loc, name, summary(bad), origin, sources)
+        if event is None:
+            return origin
+        index = event.index
+        for t, ok in zip(outputs, finite):  # noqa: B905 - equal lengths; runs on Python < 3.10
+            if not ok:
+                key = id(t)
+                self._nonfinite[key] = (weakref.ref(t, lambda _, k=key: self._forget(k)), index)
+        return origin
+
+    def _forget(self, key: int) -> None:
+        self._nonfinite.pop(key, None)
+
+    def _difference(self, name: str, loc: Location, args: tuple, out: torch.Tensor) -> None:
+        """Remember `[N,1] - [N]` differences; reported if they turn out to feed a loss."""
+        tensors = [a for a in args[:2] if isinstance(a, torch.Tensor)]
+        if len(tensors) != 2 or out.grad_fn is None:
+            return
+        a, b = tensors[0].shape, tensors[1].shape
+        column_vs_vector = (len(a) == len(b) + 1 and a[-1] == 1 and a[:-1] == b) or (
+            len(b) == len(a) + 1 and b[-1] == 1 and b[:-1] == a
+        )
+        if not column_vs_vector or (len(a) and a[0] == 1) or (len(b) and b[0] == 1):
+            return
+        first, second = ("right", "left") if "rsub" in name else ("left", "right")
+        violation = broadcast_pair("difference", a, b, f"{first} operand", f"{second} operand")
+        if violation is not None and len(self._suspects) < 64:
+            self._suspects[id(out.grad_fn)] = (out.grad_fn, loc, violation)
+
+    def _watch(
+        self, outputs: list[torch.Tensor], loc: Location, entry: Entry | None, inputs_finite: bool
+    ) -> None:
+        """Hook the autograd nodes this op created, so backward can be attributed to `loc`."""
+        nodes = self._nodes
+        for out_index, t in enumerate(outputs):
+            node = t.grad_fn
+            if node is None or id(node) in nodes:
+                continue
+            pending = deque([node])
+            walked = 0
+            while pending and walked < _NODE_WALK:
+                current = pending.popleft()
+                if current is None or id(current) in nodes:
+                    continue
+                if type(current).__name__ == "AccumulateGrad":
+                    continue
+                nodes[id(current)] = (loc, entry)
+                own = current is node and out_index == 0
+                hook = self._backward_hook(loc, entry, own, current.name(), inputs_finite)
+                current.register_hook(hook)
+                walked += 1
+                pending.extend(fn for fn, _ in current.next_functions)
+
+    def _backward_hook(
+        self, loc: Location, entry: Entry | None, own: bool, node_name: str, inputs_finite: bool
+    ) -> Callable[..., None]:
+        """A node hook: a non-finite gradient is an origin only if neither the incoming
+        gradient nor the op's forward inputs were already non-finite."""
+        trace = self.trace
+
+        def hook(grad_inputs: tuple, grad_outputs: tuple) -> None:
+            was_busy = trace.busy
+            trace.busy = True
+            try:
+                if own and entry is not None and entry.grad is None:
+                    arriving = next((g for g in grad_outputs if g is not None), None)
+                    if arriving is not None:
+                        entry.grad = summary(arriving)
+                bad = next(
+                    (g for g in grad_inputs if isinstance(g, torch.Tensor) and not is_finite(g)),
+                    None,
+                )
+                if bad is not None:
+                    upstream = any(
+                        isinstance(g, torch.Tensor) and not is_finite(g) for g in grad_outputs
+                    )
+                    origin = "propagated" if upstream or not inputs_finite else "op"
+                    module = entry.module if entry is not None else None
+                    trace.event("backward", loc, node_name, summary(bad), origin, module=module)
+            finally:
+                trace.busy = was_busy
+
+        return hook
+
+    # --- backward ------------------------------------------------------------------------------
+
+    def _backward(self, func: Callable[..., Any], args: tuple, kwargs: dict, loc: Location) -> Any:
+        trace = self.trace
+        trace.busy = True
+        try:
+            first = args[0] if args else kwargs.get("tensors", kwargs.get("outputs"))
+            for root in tensors_in(first, 8):
+                node = root.grad_fn
+                if node is None:
+                    continue
+                known = self._nodes.get(id(node))
+                if known is not None:
+                    self._mark_loss(known[0], known[1])
+                self._suspects_feeding(node)
+            trace.backward_lines.setdefault(loc.key(), loc)
+            trace.backward_calls += 1
+        finally:
+            trace.busy = False
+        previous = trace.phase
+        trace.phase = "backward"
+        try:
+            return func(*args, **kwargs)
+        finally:
+            trace.phase = previous
+            self._nodes.clear()
+            self._suspects.clear()
+
+    def _mark_loss(self, loc: Location, entry: Entry | None) -> None:
+        trace = self.trace
+        if loc.key() in trace.loss_lines:
+            return
+        trace.loss_lines[loc.key()] = None
+        trace.events.relabel(loc.key(), "forward", "loss")
+        record = trace.lines.lines.get(loc.key())
+        if record is not None:
+            for item in record.entries.values():
+                if item.phase == "forward":
+                    item.phase = "loss"
+
+    def _suspects_feeding(self, node: Any) -> None:
+        if not self._suspects:
+            return
+        pending = deque([node])
+        seen: set[int] = set()
+        while pending and len(seen) < _SUSPECT_SEARCH:
+            current = pending.popleft()
+            if current is None or id(current) in seen:
+                continue
+            seen.add(id(current))
+            suspect = self._suspects.get(id(current))
+            if suspect is not None and suspect[0] is current:
+                self.trace.add_contract(suspect[1], "difference", suspect[2])
+            pending.extend(fn for fn, _ in current.next_functions)

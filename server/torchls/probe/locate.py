@@ -1,0 +1,57 @@
+"""Finding the two things a run needs on disk: the probe package and the user's interpreter.
+
+In: the options and the target file. Out: a private copy of the `torchls_probe` package to put on
+the child's PYTHONPATH, so that `python -m torchls_probe` works in an interpreter that does not
+have torchls installed (copied, because the folder torchls is installed in also holds torchls's
+own dependencies, which must not shadow the user's), and the interpreter to run (the `--python`
+option, else the project's own virtual environment, else the one running torchls).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from torchls.probe.options import ReproUsageError
+
+
+def probe_package() -> Path:
+    """The `torchls_probe` package folder (installed, or in a source checkout)."""
+    spec = importlib.util.find_spec("torchls_probe")
+    if spec is not None and spec.origin:
+        return Path(spec.origin).resolve().parent
+    # A source checkout that is not installed: server/torchls/probe -> probes/torchls_probe.
+    checkout = Path(__file__).resolve().parents[3] / "probes" / "torchls_probe"
+    if (checkout / "__main__.py").is_file():
+        return checkout
+    raise ReproUsageError("the torchls_probe package is missing from this torchls installation")
+
+
+def stage_probe(package: Path, scratch: Path) -> Path:
+    """Copy the probe package into `scratch/lib`; returns the folder for PYTHONPATH."""
+    lib = scratch / "lib"
+    shutil.copytree(package, lib / "torchls_probe", ignore=shutil.ignore_patterns("__pycache__"))
+    return lib
+
+
+def find_python(explicit: str | None, root: Path) -> Path:
+    """The interpreter that has the user's torch."""
+    if explicit:
+        path = Path(explicit).expanduser()
+        if not path.is_absolute() and os.sep not in explicit:
+            found = shutil.which(explicit)
+            path = Path(found) if found else path
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise ReproUsageError(f"--python {explicit}: no executable interpreter there")
+        return path.absolute()
+    for folder in (root, *root.parents):
+        for venv in (".venv", "venv"):
+            candidate = folder / venv / "bin" / "python"
+            if candidate.is_file() and os.access(candidate, os.X_OK):
+                return candidate
+        if (folder / ".git").exists() or (folder / "pyproject.toml").exists():
+            break
+    return Path(sys.executable)

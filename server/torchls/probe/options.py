@@ -1,0 +1,108 @@
+"""What a repro run may do: the options the CLI and the language server pass to `run_repro`.
+
+In: user choices (flags, settings, a spec). Out: a frozen `ReproOptions`; `resolve_options`
+merges it with a spec (explicit options win over the spec, the spec over the defaults) and
+checks the values, raising `ReproUsageError` with a message fit for a person.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from torchls.probe.spec import ReproSpec
+
+DEFAULT_STEPS = 2
+DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_MEMORY_MB = 4096
+DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+class ReproUsageError(ValueError):
+    """The request cannot be run as given (bad option, missing file, bad spec, no python)."""
+
+
+@dataclass(frozen=True)
+class ReproOptions:
+    """None means "not given": the spec's value, else the default, is used."""
+
+    device: str | None = None
+    steps: int | None = None
+    batches: int | None = None
+    timeout_s: float | None = None
+    memory_mb: int | None = None
+    python: str | None = None
+    spec: str | None = None
+    allow_fallback: bool | None = None
+    seed: int | None = None
+    deterministic: bool | None = None
+    root: str | None = None
+    argv: tuple[str, ...] = ()
+    # "auto": bubblewrap when it works here; "bwrap": require it; "none": rlimits and friends only.
+    sandbox: str = "auto"
+    output_cap_bytes: int = 1 << 20
+    report_cap_bytes: int = 512 << 10
+    file_size_mb: int = 256
+    max_processes: int = 256
+    # Extra environment variable names to pass through (secret-looking names are still refused).
+    pass_env: tuple[str, ...] = ()
+    # What the report's failing-boundary record shows as the command.
+    command: str | None = None
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Options with every default filled in."""
+
+    device: str
+    steps: int
+    batches: int | None
+    timeout_s: float
+    memory_mb: int
+    allow_fallback: bool
+    seed: int
+    deterministic: bool
+    options: ReproOptions
+
+
+def resolve_options(options: ReproOptions, spec: ReproSpec | None) -> Resolved:
+    def pick(name: str, spec_name: str, default: object) -> object:
+        value = getattr(options, name)
+        if value is None and spec is not None:
+            value = getattr(spec, spec_name)
+        return default if value is None else value
+
+    resolved = Resolved(
+        device=str(pick("device", "device", "auto")),
+        steps=int(pick("steps", "steps", DEFAULT_STEPS)),  # type: ignore[arg-type]
+        batches=pick("batches", "batches", None),  # type: ignore[arg-type]
+        timeout_s=float(pick("timeout_s", "timeout", DEFAULT_TIMEOUT_S)),  # type: ignore[arg-type]
+        memory_mb=int(pick("memory_mb", "memory", DEFAULT_MEMORY_MB)),  # type: ignore[arg-type]
+        allow_fallback=bool(pick("allow_fallback", "allow_fallback", False)),
+        seed=int(pick("seed", "seed", 0)),  # type: ignore[arg-type]
+        deterministic=bool(pick("deterministic", "deterministic", False)),
+        options=options,
+    )
+    _check(resolved)
+    return resolved
+
+
+def _check(resolved: Resolved) -> None:
+    if not DEVICE_PATTERN.match(resolved.device):
+        raise ReproUsageError(
+            f"unknown device {resolved.device!r}: use auto, cpu, cuda, cuda:N or mps"
+        )
+    if resolved.steps < 1:
+        raise ReproUsageError("--steps must be at least 1")
+    if resolved.batches is not None and resolved.batches < 1:
+        raise ReproUsageError("--batches must be at least 1")
+    if resolved.timeout_s <= 0:
+        raise ReproUsageError("--timeout must be positive")
+    if resolved.memory_mb < 64:
+        raise ReproUsageError("--memory must be at least 64 MB")
+    if resolved.options.sandbox not in ("auto", "bwrap", "none"):
+        raise ReproUsageError("sandbox must be auto, bwrap or none")
+
+
+def with_defaults(options: ReproOptions | None) -> ReproOptions:
+    return options if options is not None else ReproOptions()

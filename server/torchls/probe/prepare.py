@@ -1,0 +1,108 @@
+"""Everything decided before a child starts: paths, interpreter, spec, the probe request.
+
+In: the target path and `ReproOptions`. Out: a `Prepared` run (the JSON request the probe will
+read, the interpreter, the folders the sandbox must keep readable) or `ReproUsageError`. Shared by
+the cold runner and the warm worker so that both run exactly the same request.
+"""
+
+from __future__ import annotations
+
+import shlex
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torchls.probe.locate import find_python, probe_package
+from torchls.probe.options import ReproOptions, ReproUsageError, Resolved, resolve_options
+from torchls.probe.spec import ReproSpec, SpecError, load_spec
+
+
+@dataclass(frozen=True)
+class Prepared:
+    file: Path
+    root: Path
+    python: Path
+    probe_package: Path  # staged into each run's (or worker's) scratch folder
+    resolved: Resolved
+    spec: ReproSpec | None
+    read_paths: tuple[Path, ...]
+    command: str
+
+    def request(self, scratch: Path) -> dict[str, Any]:
+        """The probe's JSON request for one run writing into `scratch`."""
+        r = self.resolved
+        spec = self.spec
+        return {
+            "version": 1,
+            "file": str(self.file),
+            "mode": "function" if spec is not None else "script",
+            "root": str(self.root),
+            "argv": list(r.options.argv),
+            "step": spec.step if spec else None,
+            "setup": spec.setup if spec else None,
+            "setup_args": dict(spec.setup_args) if spec else {},
+            "steps": r.steps,
+            "batches": r.batches,
+            "device": r.device,
+            "allow_fallback": r.allow_fallback,
+            "seed": r.seed,
+            "deterministic": r.deterministic,
+            "timeout_s": r.timeout_s,
+            "memory_mb": r.memory_mb,
+            "output_cap_bytes": r.options.output_cap_bytes,
+            "report_cap_bytes": r.options.report_cap_bytes,
+            "out": str(scratch / "report.json"),
+            "output_file": str(scratch / "output.txt"),
+            "command": self.command,
+        }
+
+
+def prepare(path: str | Path, options: ReproOptions | None) -> Prepared:
+    options = options or ReproOptions()
+    file = Path(path).expanduser().absolute()
+    if not file.is_file():
+        raise ReproUsageError(f"file not found: {path}")
+    spec = None
+    if options.spec:
+        try:
+            spec = load_spec(options.spec)
+        except SpecError as error:
+            raise ReproUsageError(str(error)) from None
+    resolved = resolve_options(options, spec)
+    root = Path(options.root).expanduser().absolute() if options.root else file.parent
+    if not root.is_dir():
+        raise ReproUsageError(f"project root is not a folder: {root}")
+    python = find_python(options.python, root)
+    reads = [file.parent, root]
+    if spec is not None:
+        reads.append(spec.path.absolute().parent)
+        for reference in (spec.step, spec.setup):
+            other, _, _name = (reference or "").rpartition(":")
+            if other:
+                target = Path(other) if Path(other).is_absolute() else file.parent / other
+                reads.append(target.absolute().parent)
+    command = options.command or _command(file, options)
+    return Prepared(file, root, python, probe_package(), resolved, spec, tuple(reads), command)
+
+
+def new_scratch() -> Path:
+    """A private, empty folder for one run (or one warm worker); the caller removes it."""
+    return Path(tempfile.mkdtemp(prefix="torchls-repro-")).resolve()
+
+
+def _command(file: Path, options: ReproOptions) -> str:
+    parts = ["torchls", "repro", str(file)]
+    for flag, value in (
+        ("--device", options.device),
+        ("--steps", options.steps),
+        ("--timeout", options.timeout_s),
+        ("--memory", options.memory_mb),
+        ("--python", options.python),
+        ("--spec", options.spec),
+    ):
+        if value is not None:
+            parts += [flag, str(value)]
+    if options.allow_fallback:
+        parts.append("--allow-fallback")
+    return shlex.join(parts)

@@ -1,0 +1,129 @@
+"""Supervising one sandboxed child: progress lines in, a deadline and cancellation enforced.
+
+In: the full argv, environment, preexec function, a deadline and a cancel event. Out: how the
+child ended (`Ended`: exit code or signal, and whether we killed it for the deadline or a cancel)
+and the JSON lines it wrote on stdout, delivered to a callback as they arrive. A kill is SIGKILL
+to the child's whole process group (bubblewrap's PID namespace takes every descendant with it),
+then the pids cgroup, if any, is emptied. The supervisor polls at least every 50 ms, so a cancel
+takes effect well within a second.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torchls.probe.cgroup import PidsCgroup
+
+POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class Ended:
+    returncode: int | None
+    killed_for: str | None  # None, "deadline" or "cancel"
+    wall_s: float
+    stderr: str
+
+
+def supervise(
+    argv: list[str],
+    *,
+    env: dict[str, str],
+    cwd: Path,
+    preexec: Callable[[], None],
+    deadline: float,
+    cancel: threading.Event | None,
+    on_message: Callable[[dict[str, Any]], None],
+    stderr_path: Path,
+    cgroup: PidsCgroup | None = None,
+) -> Ended:
+    started = time.monotonic()
+    with open(stderr_path, "wb") as stderr:
+        child = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env=env,
+            cwd=str(cwd),
+            start_new_session=True,
+            preexec_fn=preexec,
+        )
+    killed_for: str | None = None
+    assert child.stdout is not None
+    selector = selectors.DefaultSelector()
+    selector.register(child.stdout, selectors.EVENT_READ)
+    pending = b""
+    open_stream = True
+    try:
+        while True:
+            if cancel is not None and cancel.is_set():
+                killed_for = "cancel"
+                break
+            if time.monotonic() >= deadline:
+                killed_for = "deadline"
+                break
+            if open_stream:
+                for _key, _mask in selector.select(POLL_S):
+                    chunk = os.read(child.stdout.fileno(), 65536)
+                    if not chunk:
+                        open_stream = False
+                        selector.unregister(child.stdout)
+                        break
+                    pending = _deliver(pending + chunk, on_message)
+            elif child.poll() is None:
+                time.sleep(POLL_S)
+            if not open_stream and child.poll() is not None:
+                break
+    finally:
+        selector.close()
+        # Always, even after a normal exit: stragglers in the group (DataLoader workers, a
+        # forgotten subprocess) must not outlive the run. The child is not reaped yet, so its
+        # pid (= the group id) cannot have been reused.
+        kill_group(child, cgroup)
+        child.wait()
+        child.stdout.close()
+    text = _tail(stderr_path, 8192)
+    return Ended(child.returncode, killed_for, time.monotonic() - started, text)
+
+
+def kill_group(child: subprocess.Popen, cgroup: PidsCgroup | None) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.pid, signal.SIGKILL)
+    if cgroup is not None:
+        cgroup.kill_all()
+
+
+def _deliver(buffer: bytes, on_message: Callable[[dict[str, Any]], None]) -> bytes:
+    *lines, rest = buffer.split(b"\n")
+    for line in lines:
+        try:
+            message = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(message, dict):
+            on_message(message)
+    # A line longer than any real message is noise: drop it rather than grow without bound.
+    return rest if len(rest) < 65536 else b""
+
+
+def _tail(path: Path, limit: int) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - limit))
+            return handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""

@@ -1,0 +1,166 @@
+"""The server's view of a probe report: typed accessors, and reports for runs that wrote none.
+
+In: the probe's JSON (schema in docs/probe-report.md) plus what only the server knows (sandbox
+layers, captured output, wall time, a kill). Out: `ReproReport`, whose `data` is the final JSON
+document and whose `findings` are `ProbeFinding`s ready to be turned into diagnostics. When the
+child died without a report (killed at the deadline, a segfault, the OOM killer), a report with
+the right status and a TL905/TL906 finding is synthesised, so callers always get one shape.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+STATUSES = ("ok", "error", "timeout", "memory", "crashed")
+
+
+@dataclass(frozen=True)
+class RelatedLocation:
+    filename: str
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+    message: str
+
+
+@dataclass(frozen=True)
+class ProbeFinding:
+    """One TL9xx finding. Lines and columns are 1-based; columns count code points and
+    `end_column` is one past the last character (as in `torchls check` JSON)."""
+
+    code: str
+    name: str
+    severity: str
+    filename: str
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+    message: str
+    related: tuple[RelatedLocation, ...] = ()
+
+    @classmethod
+    def from_json(cls, item: dict[str, Any]) -> ProbeFinding:
+        related = tuple(
+            RelatedLocation(
+                r["filename"], r["line"], r["column"], r["end_line"], r["end_column"], r["message"]
+            )
+            for r in item.get("related") or []
+        )
+        return cls(
+            code=item["code"],
+            name=item.get("name", ""),
+            severity=item["severity"],
+            filename=item["filename"],
+            line=item["line"],
+            column=item["column"],
+            end_line=item["end_line"],
+            end_column=item["end_column"],
+            message=item["message"],
+            related=related,
+        )
+
+
+@dataclass
+class ReproReport:
+    data: dict[str, Any]
+
+    @property
+    def status(self) -> str:
+        return str(self.data.get("status", "crashed"))
+
+    @property
+    def findings(self) -> list[ProbeFinding]:
+        return [ProbeFinding.from_json(item) for item in self.data.get("findings") or []]
+
+    @property
+    def setup_error(self) -> str | None:
+        """Why the repro could not run at all (no torch, device unavailable, bad target)."""
+        exception = self.data.get("exception") or {}
+        if exception.get("kind") in ("setup", "device"):
+            return str(exception.get("message") or exception.get("type"))
+        return None
+
+    @property
+    def lines(self) -> list[dict[str, Any]]:
+        return list(self.data.get("lines") or [])
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.data, indent=indent, allow_nan=False, ensure_ascii=False)
+
+    def without_timing(self) -> dict[str, Any]:
+        """The report minus the fields that legitimately differ between identical runs."""
+        copy = json.loads(json.dumps(self.data))
+        copy.pop("timing", None)
+        return copy
+
+
+def read_probe_report(path: Path, limit: int) -> dict[str, Any] | None:
+    """The probe's report, or None when it is missing, oversized or not a JSON object."""
+    try:
+        if path.stat().st_size > limit:
+            return None
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def synthesize(
+    *, status: str, file: str, message: str, code: str, stopped_by: str, request: dict[str, Any]
+) -> dict[str, Any]:
+    """A report for a child that ended without writing one."""
+    severity = "warning" if code == "TL906" else "error"
+    name = "probe-limit" if code == "TL906" else "probe-error"
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "probe_version": None,
+        "status": status,
+        "stopped_by": stopped_by,
+        "mode": request.get("mode", "script"),
+        "target": {
+            "file": file,
+            "root": request.get("root"),
+            "step": request.get("step"),
+            "setup": request.get("setup"),
+        },
+        "bounds": {
+            "steps": request.get("steps"),
+            "batches": request.get("batches") or request.get("steps"),
+            "timeout_s": request.get("timeout_s"),
+            "memory_mb": request.get("memory_mb"),
+            "output_cap_bytes": request.get("output_cap_bytes"),
+        },
+        "progress": {"optimizer_steps": None, "batches": None, "backward_calls": None},
+        "device": {"requested": request.get("device"), "resolved": None, "observed": []},
+        "environment": None,
+        "findings": [
+            {
+                "code": code,
+                "name": name,
+                "severity": severity,
+                "filename": file,
+                "line": 1,
+                "column": 1,
+                "end_line": 1,
+                "end_column": 1,
+                "message": message,
+                "related": [],
+            }
+        ],
+        "nonfinite": {"events": [], "dropped": 0, "chain": []},
+        "parameters": {"without_grad": [], "zero_grad": [], "not_in_optimizer": []},
+        "autocast": [],
+        "warnings": [],
+        "exception": None,
+        "notes": [],
+        "lines": [],
+        "dropped_lines": 0,
+        "truncated": False,
+        "timing": {},
+    }

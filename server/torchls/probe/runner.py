@@ -1,0 +1,268 @@
+"""Cold runs: a fresh sandboxed interpreter per repro (`run_repro`), and the shared finishing.
+
+In: a target file, `ReproOptions`, an optional progress callback and cancel event. Out: a
+`ReproReport` (always, whatever the child did), `ReproUsageError` when the request cannot be run,
+`ReproCancelled` once a cancelled run's processes are gone. Scratch folders are removed
+afterwards; the user's files are only ever read.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from torchls.probe.locate import stage_probe
+from torchls.probe.options import ReproOptions
+from torchls.probe.prepare import Prepared, new_scratch, prepare
+from torchls.probe.process import Ended, supervise
+from torchls.probe.report import ReproReport, read_probe_report, synthesize
+from torchls.probe.sandbox import Layer, limits_for, plan
+
+# Beyond the probe's own alarm: time to write a partial report before the hard kill.
+KILL_GRACE_S = 3.0
+OUTPUT_HEAD = 4096
+OUTPUT_TAIL = 4096
+REPORT_READ_LIMIT = 16 << 20
+
+
+class ReproCancelled(Exception):
+    """The run was cancelled; every process it started is gone."""
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """`stage`: start, import, run, setup, step, report or done; `message` is for people."""
+
+    stage: str
+    message: str
+    step: int | None = None
+    total: int | None = None
+
+
+ProgressCallback = Callable[[ProgressEvent], None]
+
+
+def run_repro(
+    path: str | Path,
+    options: ReproOptions | None = None,
+    *,
+    on_progress: ProgressCallback | None = None,
+    cancel_event: threading.Event | None = None,
+) -> ReproReport:
+    """Run one bounded repro of `path` in a fresh sandboxed interpreter and return its report."""
+    prepared = prepare(path, options)
+    return run_cold(prepared, on_progress, cancel_event)
+
+
+def run_cold(
+    prepared: Prepared,
+    on_progress: ProgressCallback | None,
+    cancel_event: threading.Event | None,
+) -> ReproReport:
+    started = time.monotonic()
+    scratch = new_scratch()
+    try:
+        report = _run_in(prepared, scratch, started, on_progress, cancel_event)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    report.data["timing"]["server_wall_s"] = round(time.monotonic() - started, 4)
+    notify(on_progress, ProgressEvent("done", f"done: {report.status}"))
+    return report
+
+
+def _run_in(
+    prepared: Prepared,
+    scratch: Path,
+    started: float,
+    on_progress: ProgressCallback | None,
+    cancel_event: threading.Event | None,
+) -> ReproReport:
+    r = prepared.resolved
+    limits = limits_for(
+        r.memory_mb, r.timeout_s, r.options.file_size_mb, r.options.max_processes, r.device
+    )
+    launch = plan(
+        python=prepared.python,
+        probe_dir=stage_probe(prepared.probe_package, scratch),
+        scratch=scratch,
+        cwd=prepared.root,
+        read_paths=list(prepared.read_paths),
+        limits=limits,
+        mode=r.options.sandbox,
+        extra_env=r.options.pass_env,
+    )
+    try:
+        request = prepared.request(scratch)
+        (scratch / "request.json").write_text(json.dumps(request), encoding="utf-8")
+        argv = [
+            *launch.argv_prefix,
+            str(prepared.python),
+            "-m",
+            "torchls_probe",
+            "--request",
+            str(scratch / "request.json"),
+            "--progress",
+            "stdout",
+        ]
+        notify(on_progress, ProgressEvent("start", "starting interpreter"))
+        ended = supervise(
+            argv,
+            env=launch.env,
+            cwd=prepared.root,
+            preexec=launch.preexec,
+            deadline=started + r.timeout_s + KILL_GRACE_S,
+            cancel=cancel_event,
+            on_message=lambda message: forward_progress(message, on_progress),
+            stderr_path=scratch / "stderr.txt",
+            cgroup=launch.cgroup,
+        )
+        if ended.killed_for == "cancel":
+            raise ReproCancelled("the repro was cancelled")
+        if launch.argv_prefix and ended.returncode is not None and ended.returncode > 128:
+            # bubblewrap reports a child killed by signal N as exit status 128 + N.
+            ended = replace(ended, returncode=128 - ended.returncode)
+        layers = [*launch.layers, wall_clock_layer(r.timeout_s)]
+        return finish(prepared, request, scratch, ended, layers, launch.warnings, "cold")
+    finally:
+        launch.close()
+
+
+def notify(callback: ProgressCallback | None, event: ProgressEvent) -> None:
+    if callback is not None:
+        callback(event)
+
+
+def forward_progress(message: dict[str, Any], callback: ProgressCallback | None) -> None:
+    if message.get("event") != "progress" or callback is None:
+        return
+    step, total = message.get("step"), message.get("total")
+    callback(
+        ProgressEvent(
+            stage=str(message.get("stage", "")),
+            message=str(message.get("message", "")),
+            step=step if isinstance(step, int) else None,
+            total=total if isinstance(total, int) else None,
+        )
+    )
+
+
+def wall_clock_layer(timeout_s: float) -> Layer:
+    return Layer("wall_clock", True, f"killed {KILL_GRACE_S:g} s after the {timeout_s:g} s limit")
+
+
+def finish(
+    prepared: Prepared,
+    request: dict[str, Any],
+    scratch: Path,
+    ended: Ended,
+    layers: list[Layer],
+    warnings: list[str],
+    runner: str,
+) -> ReproReport:
+    """The final report: the probe's (or a synthesised one) plus sandbox, output and timing."""
+    data = read_probe_report(scratch / "report.json", REPORT_READ_LIMIT)
+    if data is None:
+        data = _without_report(prepared, request, ended)
+    elif ended.killed_for == "deadline":
+        data.setdefault("notes", []).append("the process was killed at the deadline")
+    output = _output(scratch / "output.txt")
+    if output["bytes"] > request["output_cap_bytes"]:
+        output["note"] = "output past the cap bypassed Python (a C library or os.write)"
+    sandbox = {
+        "layers": [layer.to_json() for layer in layers],
+        "degraded": [layer.name for layer in layers if not layer.held],
+        "warnings": warnings,
+    }
+    final: dict[str, Any] = {}
+    for key, value in data.items():
+        final[key] = value
+        if key == "environment":
+            final["sandbox"] = sandbox
+        if key == "exception":
+            final["output"] = output
+    final.setdefault("sandbox", sandbox)
+    final.setdefault("output", output)
+    timing = dict(final.get("timing") or {})
+    timing.update(runner=runner, child_wall_s=round(ended.wall_s, 4))
+    final["timing"] = timing
+    return ReproReport(final)
+
+
+def _without_report(prepared: Prepared, request: dict[str, Any], ended: Ended) -> dict[str, Any]:
+    file = str(prepared.file)
+    timeout = request["timeout_s"]
+    if ended.killed_for == "deadline":
+        return synthesize(
+            status="timeout",
+            file=file,
+            code="TL906",
+            stopped_by="timeout",
+            message=f"stopped by the wall-clock limit of {timeout:g} s; the code never returned "
+            "to Python (stuck in a C extension?), so no line is known",
+            request=request,
+        )
+    code = ended.returncode
+    stderr = ended.stderr.strip().splitlines()
+    last = stderr[-1] if stderr else ""
+    if code is not None and code < 0:
+        name = _signal_name(-code)
+        if -code == signal.SIGXCPU:
+            return synthesize(
+                status="timeout",
+                file=file,
+                code="TL906",
+                stopped_by="cpu",
+                message="stopped by the CPU-time limit",
+                request=request,
+            )
+        why = (
+            " (the out-of-memory killer or the CPU-time limit?)" if -code == signal.SIGKILL else ""
+        )
+        message = f"the interpreter was killed by {name}{why} before it wrote a report"
+    else:
+        message = f"the probe exited with status {code} without a report: {last or 'no output'}"
+    data = synthesize(
+        status="crashed",
+        file=file,
+        code="TL905",
+        stopped_by="crash",
+        message=message,
+        request=request,
+    )
+    data["notes"].append(f"stderr: {ended.stderr[-2000:]}" if ended.stderr else "stderr: empty")
+    return data
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _output(path: Path) -> dict[str, Any]:
+    """The user's stdout+stderr: total size, and the head and tail as text."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(OUTPUT_HEAD)
+            handle.seek(0, 2)
+            size = handle.tell()
+            tail = b""
+            if size > OUTPUT_HEAD:
+                handle.seek(max(OUTPUT_HEAD, size - OUTPUT_TAIL))
+                tail = handle.read()
+    except OSError:
+        return {"bytes": 0, "head": "", "tail": "", "truncated": False}
+    return {
+        "bytes": size,
+        "head": head.decode("utf-8", "replace"),
+        "tail": tail.decode("utf-8", "replace"),
+        "truncated": size > OUTPUT_HEAD + OUTPUT_TAIL,
+    }

@@ -1,0 +1,266 @@
+"""The human-readable rendering of a repro report (`torchls repro --output-format text`).
+
+In: a `ReproReport`. Out: a string a person would rather read than the JSON: status and device,
+the sandbox layers that held (and loudly, the ones that did not), the first non-finite value with
+its source line and a caret under the expression, the origin -> loss chain, parameters without
+gradients, loss-contract violations, the findings, and a compact per-line table of shapes.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+from typing import Any
+
+from torchls.probe.report import ReproReport
+
+MAX_TABLE_ROWS = 40
+
+
+def render(report: ReproReport, cwd: str | None = None) -> str:
+    data = report.data
+    base = cwd or os.getcwd()
+    out: list[str] = []
+    out += _header(data, base)
+    out += _sandbox(data)
+    out += _setup_error(data)
+    out += _first_nonfinite(data, base)
+    out += _parameters(data)
+    out += _contracts(data, base)
+    out += _exception(data, base)
+    out += _findings(data, base)
+    out += _table(data, base)
+    out += _output(data)
+    count = len(data.get("findings") or [])
+    if report.setup_error is None:
+        out.append("")
+        out.append("No findings." if count == 0 else f"{count} finding{'s' if count != 1 else ''}.")
+    return "\n".join(out) + "\n"
+
+
+def _rel(path: str | None, base: str) -> str:
+    if not path:
+        return "?"
+    try:
+        relative = os.path.relpath(path, base)
+    except ValueError:
+        return path
+    return path if relative.startswith("..") else relative
+
+
+def _header(data: dict[str, Any], base: str) -> list[str]:
+    target = data.get("target") or {}
+    status = data.get("status", "?")
+    stopped = {
+        "steps": "stopped after {n} optimizer step{s}",
+        "batches": "stopped after {b} batch{es}",
+        "end": "ran to completion",
+        "exit": "the script exited",
+        "exception": "the code raised",
+        "timeout": "stopped by the wall-clock limit",
+        "cpu": "stopped by the CPU-time limit",
+        "memory": "stopped by the memory limit",
+        "output": "stopped by the output limit",
+        "setup": "could not start",
+        "crash": "the interpreter died",
+    }.get(str(data.get("stopped_by")), str(data.get("stopped_by")))
+    progress = data.get("progress") or {}
+    steps = progress.get("optimizer_steps") or 0
+    batches = progress.get("batches") or 0
+    stopped = stopped.format(
+        n=steps, s="" if steps == 1 else "s", b=batches, es="" if batches == 1 else "es"
+    )
+    timing = data.get("timing") or {}
+    wall = timing.get("server_wall_s")
+    runner = timing.get("runner", "")
+    when = f" ({runner}, {wall:.2f} s)" if isinstance(wall, (int, float)) else ""
+    lines = [f"torchls repro {_rel(target.get('file'), base)}: {status}, {stopped}{when}"]
+    device = data.get("device") or {}
+    observed = ", ".join(device.get("observed") or []) or "none"
+    resolved = device.get("resolved") or "unresolved"
+    lines.append(
+        f"device: {resolved} (requested {device.get('requested')}; tensors seen on {observed})"
+    )
+    for warning in device.get("warnings") or []:
+        lines.append(f"  warning: {warning}")
+    return lines
+
+
+def _sandbox(data: dict[str, Any]) -> list[str]:
+    sandbox = data.get("sandbox") or {}
+    layers = sandbox.get("layers") or []
+    held = [layer["name"] for layer in layers if layer.get("held")]
+    lines = [f"sandbox: {', '.join(held) or 'nothing'}"]
+    for layer in layers:
+        if not layer.get("held"):
+            lines.append(f"  NOT HELD: {layer['name']}: {layer.get('detail', '')}")
+    for warning in sandbox.get("warnings") or []:
+        lines.append(f"  warning: {warning}")
+    return lines
+
+
+def _setup_error(data: dict[str, Any]) -> list[str]:
+    exception = data.get("exception") or {}
+    if exception.get("kind") not in ("setup", "device"):
+        return []
+    return ["", f"error: {exception.get('message')}"]
+
+
+def _caret(filename: str, line: int, column: int, end_column: int, note: str) -> list[str]:
+    text = linecache.getline(filename, line).rstrip("\r\n")
+    if not text:
+        return [f"  {note}"]
+    number = str(line)
+    gutter = " " * len(number)
+    width = max(1, end_column - column)
+    return [
+        f"  {number} | {text}",
+        f"  {gutter} | {' ' * (column - 1)}{'^' * width} {note}".rstrip(),
+    ]
+
+
+def _event_by_index(data: dict[str, Any], index: int | None) -> dict[str, Any] | None:
+    for event in (data.get("nonfinite") or {}).get("events") or []:
+        if event.get("index") == index:
+            return event
+    return None
+
+
+def _first_nonfinite(data: dict[str, Any], base: str) -> list[str]:
+    nonfinite = data.get("nonfinite") or {}
+    events = nonfinite.get("events") or []
+    if not events:
+        return []
+    first = next((f for f in data.get("findings") or [] if f.get("code") == "TL901"), None)
+    event = _event_by_index(data, nonfinite.get("first")) or events[0]
+    where = f"{_rel(event['filename'], base)}:{event['line']}:{event['column']}"
+    lines = ["", f"first non-finite value: {event['phase']}, {where}"]
+    note = first["message"].split(": ", 1)[-1] if first else event["op"]
+    lines += _caret(event["filename"], event["line"], event["column"], event["end_column"], note)
+    chain = [_event_by_index(data, i) for i in nonfinite.get("chain") or []]
+    chain = [e for e in chain if e is not None]
+    if len(chain) > 1:
+        hops = [f"{_rel(e['filename'], base)}:{e['line']} {e['op']} ({e['origin']})" for e in chain]
+        lines.append("  chain: " + " -> ".join(hops))
+    for phase in ("backward", "step"):
+        later = next((e for e in events if e["phase"] == phase), None)
+        if later is not None:
+            what = later.get("detail") or later["op"]
+            lines.append(
+                f"  first in {phase}: {_rel(later['filename'], base)}:{later['line']} {what} "
+                f"({later['origin']})"
+            )
+    return lines
+
+
+def _parameters(data: dict[str, Any]) -> list[str]:
+    params = data.get("parameters") or {}
+    lines = []
+    for key, label in (
+        ("without_grad", "parameters without gradients"),
+        ("zero_grad", "parameters with all-zero gradients"),
+        ("not_in_optimizer", "parameters in no optimizer"),
+    ):
+        names = params.get(key) or []
+        if names:
+            lines.append(f"{label}: {', '.join(names)}")
+    return ["", *lines] if lines else []
+
+
+def _contracts(data: dict[str, Any], base: str) -> list[str]:
+    found = [f for f in data.get("findings") or [] if f.get("code") == "TL903"]
+    if not found:
+        return []
+    lines = ["", "contract violations:"]
+    for item in found:
+        where = f"{_rel(item['filename'], base)}:{item['line']}:{item['column']}"
+        lines.append(f"  {where}: {item['message']}")
+        lines += [
+            "  " + text
+            for text in _caret(
+                item["filename"], item["line"], item["column"], item["end_column"], ""
+            )
+        ]
+    return lines
+
+
+def _exception(data: dict[str, Any], base: str) -> list[str]:
+    exception = data.get("exception") or {}
+    if exception.get("kind") not in ("user", "limit") or not exception.get("filename"):
+        return []
+    where = f"{_rel(exception['filename'], base)}:{exception['line']}:{exception['column']}"
+    lines = ["", f"exception: {exception['type']} at {where}"]
+    note = str(exception.get("message", "")).strip().splitlines()
+    lines += _caret(
+        exception["filename"],
+        exception["line"],
+        exception["column"],
+        exception["end_column"],
+        note[0][:160] if note else "",
+    )
+    return lines
+
+
+def _findings(data: dict[str, Any], base: str) -> list[str]:
+    found = data.get("findings") or []
+    if not found:
+        return []
+    lines = ["", "findings:"]
+    for item in found:
+        where = f"{_rel(item['filename'], base)}:{item['line']}:{item['column']}"
+        lines.append(f"  {where}: {item['code']} [{item['severity']}] {item['message']}")
+        for related in item.get("related") or []:
+            lines.append(
+                f"      {_rel(related['filename'], base)}:{related['line']}: {related['message']}"
+            )
+    return lines
+
+
+def _shape(output: dict[str, Any]) -> str:
+    return "[" + ", ".join(str(d) for d in output.get("shape", [])) + "]"
+
+
+def _table(data: dict[str, Any], base: str) -> list[str]:
+    rows = []
+    for record in data.get("lines") or []:
+        for entry in record.get("entries") or []:
+            outputs = entry.get("outputs") or [{}]
+            first = outputs[0]
+            if first.get("uninitialized") or str(entry.get("op", "")).startswith("torch.nn.init."):
+                continue  # parameter initialisation inside layer constructors: JSON only
+            finite = "NaN/Inf" if entry.get("nonfinite_count") else "yes"
+            rows.append(
+                (
+                    f"{_rel(record['filename'], base)}:{record['line']}",
+                    entry.get("op", ""),
+                    _shape(first) + (f" +{len(outputs) - 1}" if len(outputs) > 1 else ""),
+                    str(first.get("dtype", "")),
+                    finite,
+                    entry.get("module") or "",
+                )
+            )
+    if not rows:
+        return []
+    shown = rows[:MAX_TABLE_ROWS]
+    header = ("line", "op", "shape", "dtype", "finite", "module")
+    widths = [max(len(row[i]) for row in [header, *shown]) for i in range(len(header))]
+    lines = ["", "shapes:"]
+    for row in [header, *shown]:
+        lines.append(
+            "  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        )
+    if len(rows) > MAX_TABLE_ROWS:
+        lines.append(f"  ... {len(rows) - MAX_TABLE_ROWS} more entries in the JSON report")
+    return lines
+
+
+def _output(data: dict[str, Any]) -> list[str]:
+    output = data.get("output") or {}
+    size = output.get("bytes") or 0
+    if not size:
+        return []
+    note = " (truncated in the report)" if output.get("truncated") else ""
+    lines = ["", f"output: {size} bytes{note}"]
+    tail = (output.get("tail") or output.get("head") or "").rstrip().splitlines()[-5:]
+    lines += [f"  | {line[:160]}" for line in tail]
+    return lines

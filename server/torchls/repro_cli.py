@@ -1,0 +1,105 @@
+"""`torchls repro FILE`: run a bounded, sandboxed repro and print its report.
+
+In: the parsed `repro` arguments. Out: the report as text or JSON on stdout, problems on stderr,
+and an exit status: 0 the repro ran and found nothing, 1 findings (including a run that raised,
+timed out, ran out of memory or crashed: those are TL905/TL906 findings), 2 usage error or a
+repro that could not run at all (missing file, bad spec, no interpreter, torch not importable
+there, device unavailable), 130 interrupted. Kept apart from cli.py so that `check` never loads
+the probe machinery.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+EXIT_CLEAN = 0
+EXIT_FINDINGS = 1
+EXIT_ERROR = 2
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    repro = commands.add_parser(
+        "repro",
+        help="run a bounded, sandboxed repro of a training script",
+        description="Run FILE (or the functions named in --spec) for a few optimizer steps in "
+        "a sandboxed interpreter, tracing tensors back to your lines. Exit status: 0 no "
+        "findings, 1 findings, 2 usage error or the repro could not run.",
+    )
+    repro.add_argument("file", metavar="FILE", help="the training script")
+    # One quoted string: argparse cannot pass `-- ARGS` through a subcommand.
+    repro.add_argument(
+        "--args", default="", metavar="'ARGS'", help="arguments for the script, e.g. '--lr 0.1'"
+    )
+    repro.add_argument("--device", help="auto (default), cpu, cuda, cuda:N or mps")
+    repro.add_argument("--steps", type=int, help="optimizer steps before stopping (default 2)")
+    repro.add_argument("--batches", type=int, help="DataLoader batches before stopping (= steps)")
+    repro.add_argument("--timeout", type=float, help="wall-clock seconds (default 60)")
+    repro.add_argument("--memory", type=int, help="memory limit in MB (default 4096)")
+    repro.add_argument("--python", help="interpreter with your torch (default: the project venv)")
+    repro.add_argument("--spec", help="YAML repro spec naming setup and step functions")
+    repro.add_argument(
+        "--allow-fallback",
+        action="store_true",
+        default=None,
+        help="run on the CPU when the requested device is unavailable",
+    )
+    repro.add_argument("--seed", type=int, help="seed for every RNG (default 0)")
+    repro.add_argument(
+        "--root", help="project root: lines under it are yours (default: FILE's folder)"
+    )
+    repro.add_argument(
+        "--sandbox",
+        choices=("auto", "bwrap", "none"),
+        default="auto",
+        help="auto: bubblewrap when it works here; bwrap: require it; none: limits only",
+    )
+    repro.add_argument("--output-format", choices=("text", "json"), default="text")
+    repro.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from torchls.probe import ReproOptions, ReproUsageError, run_repro
+    from torchls.probe.text import render
+
+    options = ReproOptions(
+        device=args.device,
+        steps=args.steps,
+        batches=args.batches,
+        timeout_s=args.timeout,
+        memory_mb=args.memory,
+        python=args.python,
+        spec=args.spec,
+        allow_fallback=args.allow_fallback,
+        seed=args.seed,
+        root=args.root,
+        argv=tuple(shlex.split(args.args)),
+        sandbox=args.sandbox,
+        command=" ".join(["torchls", *sys.argv[1:]]) if sys.argv[1:2] == ["repro"] else None,
+    )
+    progress = _progress if args.output_format == "text" and sys.stderr.isatty() else None
+    try:
+        report = run_repro(args.file, options, on_progress=progress)
+    except ReproUsageError as error:
+        print(f"torchls: error: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    if progress is not None:
+        sys.stderr.write("\r\x1b[K")
+    if args.output_format == "json":
+        sys.stdout.write(report.to_json() + "\n")
+    else:
+        sys.stdout.write(render(report))
+    for layer in (report.data.get("sandbox") or {}).get("layers") or []:
+        if not layer.get("held"):
+            print(f"torchls: warning: sandbox layer not held: {layer['name']}", file=sys.stderr)
+    if report.setup_error is not None:
+        print(f"torchls: error: {report.setup_error}", file=sys.stderr)
+        return EXIT_ERROR
+    return EXIT_FINDINGS if report.findings else EXIT_CLEAN
+
+
+def _progress(event: object) -> None:
+    message = getattr(event, "message", "")
+    sys.stderr.write(f"\r\x1b[K{message}")
+    sys.stderr.flush()

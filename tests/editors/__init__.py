@@ -1,0 +1,1 @@
+"""End-to-end tests with real editor clients (Neovim) and editor-like LSP clients (Helix)."""

@@ -1,0 +1,94 @@
+"""Real escape attempts against the sandbox: network, writes, fork bombs, secrets in the env."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.probe import cases
+from tests.probe.support import bwrap_usable, layer, leftovers
+from torchls.probe.cgroup import PidsCgroup
+
+needs_bwrap = pytest.mark.skipif(not bwrap_usable(), reason="bubblewrap is not usable here")
+
+
+def test_connection_to_a_local_listener_never_arrives(repro):
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+    try:
+        report, _ = repro(cases.NETWORK, argv=(str(port),))
+        network = layer(report, "network")
+        if not network["held"]:
+            pytest.skip(f"no network isolation here: {network['detail']}")
+        assert "BLOCKED" in report.data["output"]["head"]
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+    finally:
+        listener.close()
+
+
+@needs_bwrap
+def test_writes_outside_the_scratch_folder_do_not_reach_the_host(repro, project, tmp_path):
+    inside_project = project / "escape.txt"
+    host_tmp = Path("/tmp") / f"torchls-escape-{uuid.uuid4().hex}.txt"
+    elsewhere = tmp_path / "elsewhere.txt"
+    report, path = repro(cases.WRITES, argv=(str(inside_project), str(host_tmp), str(elsewhere)))
+    assert report.status == "ok"
+    assert layer(report, "filesystem")["held"]
+    for target in (inside_project, host_tmp, elsewhere):
+        assert not target.exists(), target
+    output = report.data["output"]["head"]
+    assert f"REFUSED {inside_project}" in output  # read-only view of the project
+    assert path.read_text() == cases.WRITES  # the user's file is untouched
+
+
+def _our_cgroups() -> set[Path]:
+    groups = Path("/sys/fs/cgroup/pids")
+    if not groups.is_dir():
+        return set()
+    return {p for p in groups.iterdir() if p.name.startswith(f"torchls-{os.getpid()}-")}
+
+
+def test_fork_bomb_is_contained_and_leaves_nothing(repro):
+    before = _our_cgroups()  # a warm worker of another test may hold one
+    report, _ = repro(cases.FORK_BOMB, timeout_s=4.0, max_processes=64)
+    assert report.status == "timeout"
+    assert layer(report, "processes")["held"] or layer(report, "pid_namespace")["held"]
+    assert leftovers("torchls_probe --request") == []
+    assert _our_cgroups() == before
+
+
+def test_secrets_are_not_passed_to_the_child(repro, monkeypatch):
+    monkeypatch.setenv("GITHUB_TOKEN", "ghp_not_for_user_code")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "also-not")
+    source = "import os\nprint(sorted(os.environ))\n"
+    report, _ = repro(source, pass_env=("AWS_SECRET_ACCESS_KEY",))
+    output = report.data["output"]["head"]
+    assert "GITHUB_TOKEN" not in output and "AWS_SECRET_ACCESS_KEY" not in output
+    assert "PYTHONHASHSEED" in output
+    assert any("AWS_SECRET_ACCESS_KEY" in w for w in report.data["sandbox"]["warnings"])
+
+
+def test_layers_that_do_not_hold_are_reported_as_such(repro):
+    report, _ = repro("import torch\n", sandbox="none")
+    assert not layer(report, "bubblewrap")["held"]
+    assert not layer(report, "filesystem")["held"]
+    assert "filesystem" in report.data["sandbox"]["degraded"]
+    assert layer(report, "memory")["held"] and layer(report, "wall_clock")["held"]
+
+
+def test_pids_cgroup_is_removed_after_use():
+    group = PidsCgroup.create(8)
+    if group is None:
+        pytest.skip("no pids cgroup can be created here")
+    path = group.path
+    assert (path / "pids.max").read_text().strip() == "8"
+    group.close()
+    assert not path.exists()

@@ -1,0 +1,86 @@
+"""The warm worker: same report as a cold run, a fresh child per run, contained the same way."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+
+import pytest
+
+from tests.probe import cases
+from tests.probe.support import layer, leftovers
+from torchls.probe import ReproCancelled, ReproOptions, run_repro
+
+if not sys.platform.startswith("linux"):
+    pytest.skip("the warm worker forks: Linux only", allow_module_level=True)
+
+
+def test_warm_run_matches_a_cold_run(warm_repro):
+    warm, path = warm_repro(cases.NAN_LOG, name="compare.py")
+    again, _ = warm_repro(cases.NAN_LOG, name="compare.py")
+    cold = run_repro(path, ReproOptions(python=sys.executable, timeout_s=30.0))
+    assert cold.data["timing"]["runner"] == "cold"
+    assert warm.data["findings"] == cold.data["findings"]
+    assert warm.data["lines"] == cold.data["lines"]
+    assert warm.data["environment"] == cold.data["environment"]
+    assert warm.without_timing() == again.without_timing()
+
+
+def test_progress_stages(warm_session, warm_repro):
+    _, path = warm_repro(cases.CLEAN, name="stages.py")
+    events = []
+    options = ReproOptions(python=sys.executable, timeout_s=30.0)
+    warm_session.run(path, options, on_progress=events.append)
+    stages = [event.stage for event in events]
+    assert stages[0] == "start" and stages[-1] == "done"
+    steps = [(e.message, e.step, e.total) for e in events if e.stage == "step"]
+    assert steps == [("step 1 of 2", 1, 2), ("step 2 of 2", 2, 2)]
+
+
+def test_warm_child_sees_edits_to_the_file(warm_repro):
+    first, _ = warm_repro(cases.CLEAN, name="edited.py")
+    second, _ = warm_repro(cases.EXCEPTION, name="edited.py")
+    assert first.findings == []
+    assert [f.code for f in second.findings] == ["TL905"]
+
+
+def test_warm_child_has_no_network(warm_repro):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.setblocking(False)
+    try:
+        report, _ = warm_repro(cases.NETWORK, argv=(str(listener.getsockname()[1]),))
+        if not layer(report, "network")["held"]:
+            pytest.skip("no network isolation here")
+        assert "BLOCKED" in report.data["output"]["head"]
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+    finally:
+        listener.close()
+
+
+def test_warm_fork_bomb_leaves_only_the_worker(warm_repro):
+    warm_repro("x = 1\n", name="before_bomb.py")  # the worker exists before we count
+    before = set(leftovers("torchls_probe.worker"))
+    report, _ = warm_repro(cases.FORK_BOMB, timeout_s=3.0)
+    assert report.status == "timeout"
+    assert layer(report, "pid_namespace")["held"]
+    assert set(leftovers("torchls_probe.worker")) == before
+
+
+def test_warm_cancel_kills_the_child_and_keeps_the_worker(warm_session, warm_repro):
+    _, path = warm_repro("x = 1\n", name="cancelled.py")
+    path.write_text(cases.HANG)
+    cancel = threading.Event()
+
+    def on_progress(event):
+        if event.stage == "run":
+            cancel.set()
+
+    options = ReproOptions(python=sys.executable, timeout_s=30.0)
+    with pytest.raises(ReproCancelled):
+        warm_session.run(path, options, on_progress=on_progress, cancel_event=cancel)
+    report, _ = warm_repro(cases.CLEAN, name="after_cancel.py")
+    assert report.findings == []
