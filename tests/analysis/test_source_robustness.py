@@ -95,3 +95,19 @@ def test_noqa_specific_and_bare() -> None:
 
 def test_selection_callback_filters_rules() -> None:
     assert analyze(BUGGY_TAIL, enabled=lambda code: code != "TL101").findings == []
+
+
+def test_time_budget_stops_between_rules_and_says_so() -> None:
+    result = analyze(BUGGY_TAIL, budget_s=0.0)
+    assert result.stopped_early is not None and "TL101" in result.stopped_early
+    assert analyze(BUGGY_TAIL, budget_s=60.0).stopped_early is None
+
+
+def test_deeply_nested_loops_stay_linear() -> None:
+    lines = ["def evaluate(model, loader):"]
+    for depth in range(60):
+        lines.append("    " * (depth + 1) + f"for x{depth} in loader:")
+        lines.append("    " * (depth + 2) + f"model.eval() if x{depth} else model.train()")
+    lines.append("    " * 61 + "model(x0)")
+    # Exponential re-interpretation of nested loops would never finish; this returns at once.
+    assert analyze("\n".join(lines) + "\n").error is None

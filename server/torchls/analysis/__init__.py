@@ -7,6 +7,7 @@ the editor hover. Rules live in `torchls.analysis.rules`, registered in `registr
 from __future__ import annotations
 
 import gc
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -50,6 +51,8 @@ class AnalysisResult:
     # The file imports names from modules that may be project files: an analysis with a
     # workspace could find more (editors run that second, off the typing path).
     imports_project_names: bool = False
+    # Set when the time budget ran out: the findings are those of the rules that finished.
+    stopped_early: str | None = None
 
 
 def analyze(
@@ -59,18 +62,20 @@ def analyze(
     respect_noqa: bool = True,
     workspace: Workspace | CachedView | None = None,
     previous: ParsedSource | None = None,
+    budget_s: float | None = None,
 ) -> AnalysisResult:
     """Run every enabled rule on one file's source. With a `workspace`, names imported from
     other project files are followed into them (model classes, factories, loss wrappers).
     `previous` (the `parsed` of this document's last result) lets an editor re-parse only the
     statements an edit touched; its unchanged statements are reused, so it must not be in use
-    by another analysis at the same time."""
+    by another analysis at the same time. With `budget_s`, rules that have not started when the
+    budget runs out are skipped and `stopped_early` says so (an editor must never stall)."""
     # The analysis allocates hundreds of thousands of small objects; letting the cyclic GC
     # scan the (large, acyclic) syntax tree over and over costs more than the analysis itself.
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _analyze(source, filename, enabled, respect_noqa, workspace, previous)
+        return _analyze(source, filename, enabled, respect_noqa, workspace, previous, budget_s)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -83,6 +88,7 @@ def _analyze(
     respect_noqa: bool,
     workspace: Workspace | CachedView | None,
     previous: ParsedSource | None,
+    budget_s: float | None = None,
 ) -> AnalysisResult:
     from torchls.analysis.facts import build_facts
     from torchls.analysis.noqa import is_silenced, noqa_map
@@ -96,7 +102,13 @@ def _analyze(
         facts = build_facts(parsed, filename, workspace)
         silenced = noqa_map(parsed.lines) if respect_noqa else {}
         findings: list[Finding] = []
-        for rule_ in rules:
+        stopped_early = None
+        deadline = time.monotonic() + budget_s if budget_s is not None else None
+        for index, rule_ in enumerate(rules):
+            if deadline is not None and time.monotonic() > deadline:
+                skipped = ", ".join(r.code for r in rules[index:])
+                stopped_early = f"analysis stopped after {budget_s:g} s; not checked: {skipped}"
+                break
             for hit in rule_.check(facts):
                 finding = _to_finding(rule_, hit, parsed)
                 if finding.span.start.row in parsed.blanked_rows:
@@ -110,7 +122,12 @@ def _analyze(
         return AnalysisResult(error="nesting too deep to analyse")
     findings.sort(key=lambda f: (f.span.start, f.code))
     return AnalysisResult(
-        findings, parsed.syntax_errors, None, parsed, imports_project_names(facts)
+        findings,
+        parsed.syntax_errors,
+        None,
+        parsed,
+        imports_project_names(facts),
+        stopped_early,
     )
 
 

@@ -53,6 +53,7 @@ _PLAIN_TYPES = {
 ScopeNode = ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
 
 MAX_DEPTH = 6
+MAX_ORIGIN_STEPS = 200_000
 
 # Names people give to things when the constructor is out of sight (a parameter, an import).
 MODEL_NAME_RE = re.compile(
@@ -198,6 +199,9 @@ class Facts:
         self._called: dict[ast.Call, FunctionNode | None] = {}
         self._kinds: dict[ast.AST, ObjectKind | None] = {}
         self._call_qualnames: dict[ast.Call, str | None] = {}
+        # Provenance can branch (several returns, each through several calls); this caps the
+        # total work per file so a pathological file cannot stall the analysis.
+        self._origin_steps = 0
         self._collect()
 
     # ------------------------------------------------------------------ collection (one walk)
@@ -708,8 +712,9 @@ class Facts:
         another) and shape/device-only methods. Unknown ends (parameters, loop targets) are
         returned as themselves; callers decide what an unknown origin means. An origin found
         in another file carries that file's facts in `Origin.facts`."""
-        if depth > MAX_DEPTH:
+        if depth > MAX_DEPTH or self._origin_steps > MAX_ORIGIN_STEPS:
             return [Origin(expr, via)]
+        self._origin_steps += 1
         if isinstance(expr, ast.Name):
             assignment = self.reaching_assignment(expr)
             if assignment is None or assignment.value is None or assignment.loop is not None:

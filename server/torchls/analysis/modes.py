@@ -30,6 +30,7 @@ class ModeFact:
 
 State = dict[str, frozenset[ModeFact]]
 UNKNOWN = frozenset({ModeFact("unknown", None)})
+MAX_EXACT_LOOP_DEPTH = 4
 
 
 def _union(first: State, second: State) -> State:
@@ -69,6 +70,7 @@ class ModeAnalysis:
     _calls: dict[ast.Call, CallInfo] = field(default_factory=dict)
     _relevant: dict[ast.AST, list[ast.Call]] = field(default_factory=dict)
     _possible_keys: set[str] = field(default_factory=set)
+    _loop_depth: int = 0
 
     def run(self) -> None:
         facts = self.facts
@@ -108,14 +110,22 @@ class ModeAnalysis:
         if isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)):
             header = stmt.iter if isinstance(stmt, (ast.For, ast.AsyncFor)) else stmt.test
             state = self._expression(header, state)
-            after_first = self._interpret(stmt.body, state)
-            if after_first == state:
-                # The body changes no mode, so a second pass would see the same states.
-                exit_state = state
-            else:
-                second_entry = _union(state, _mark_back_edge(after_first))
-                after_second = self._interpret(stmt.body, second_entry)
-                exit_state = _union(state, after_second)
+            self._loop_depth += 1
+            try:
+                after_first = self._interpret(stmt.body, state)
+                if after_first == state:
+                    # The body changes no mode, so a second pass would see the same states.
+                    exit_state = state
+                elif self._loop_depth > MAX_EXACT_LOOP_DEPTH:
+                    # Two passes per nesting level is exponential; deep inside, one pass and
+                    # a merged exit state are enough (findings there may be missed, not made up).
+                    exit_state = _union(state, after_first)
+                else:
+                    second_entry = _union(state, _mark_back_edge(after_first))
+                    after_second = self._interpret(stmt.body, second_entry)
+                    exit_state = _union(state, after_second)
+            finally:
+                self._loop_depth -= 1
             return self._interpret(stmt.orelse, exit_state) if stmt.orelse else exit_state
         if isinstance(stmt, (ast.With, ast.AsyncWith)):
             for item in stmt.items:
