@@ -3,13 +3,33 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from torchls.analysis import all_rules
 
-CATALOG = Path(__file__).resolve().parents[3] / "shared" / "rules.md"
+
+def _catalog_path() -> Path:
+    """`../shared/rules.md` beside the checkout (as CI lays it out); for a scratch clone of a
+    local checkout, the one beside the repository it was cloned from."""
+    root = Path(__file__).resolve().parents[2]
+    candidate = root.parent / "shared" / "rules.md"
+    if candidate.exists():
+        return candidate
+    origin = subprocess.run(
+        ["git", "-C", str(root), "config", "--get", "remote.origin.url"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    if origin and Path(origin).is_dir():
+        return Path(origin).resolve().parent / "shared" / "rules.md"
+    return candidate
+
+
+CATALOG = _catalog_path()
 SECTIONS = ("## What it catches", "## Why it is wrong", "## Example", "## Fix")
 
 
