@@ -74,6 +74,7 @@ class RecordingClient(LanguageClient):
         self.pull = False
         self.document_changes = False
         self._waiters: list[tuple[Callable[[types.PublishDiagnosticsParams], bool], Any]] = []
+        self._progress_waiters: list[tuple[Callable[[Any, Any], bool], Any]] = []
 
     def record(self, params: types.PublishDiagnosticsParams) -> None:
         self.publishes.append(params)
@@ -98,9 +99,35 @@ class RecordingClient(LanguageClient):
         self._waiters.append((predicate, future))
         return await asyncio.wait_for(future, WAIT_S)
 
+    def progress_arrived(self, token: Any, value: Any) -> None:
+        for waiter in list(self._progress_waiters):
+            predicate, future = waiter
+            if not future.done() and predicate(token, value):
+                future.set_result((token, value))
+                self._progress_waiters.remove(waiter)
+
+    async def wait_for_progress(self, predicate: Callable[[Any, Any], bool]) -> tuple[Any, Any]:
+        """The first `$/progress` (token, value) satisfying `predicate`, already received or
+        still to come."""
+        for token, values in list(self.progress_reports.items()):
+            for value in values:
+                if predicate(token, value):
+                    return token, value
+        future = asyncio.get_running_loop().create_future()
+        self._progress_waiters.append((predicate, future))
+        return await asyncio.wait_for(future, WAIT_S)
+
 
 def _record_publish(client: RecordingClient, params: types.PublishDiagnosticsParams) -> None:
     client.record(params)
+
+
+def _record_progress(client: RecordingClient, params: types.ProgressParams) -> None:
+    # pytest-lsp's own handler checks the token and stores the structured value.
+    DEFAULT_CLIENT_FEATURES[types.PROGRESS](client, params)
+    values = client.progress_reports.get(params.token) or []
+    if values:
+        client.progress_arrived(params.token, values[-1])
 
 
 def _accept_registration(client: RecordingClient, params: types.RegistrationParams) -> None:
@@ -130,6 +157,7 @@ def make_client() -> RecordingClient:
     features = dict(DEFAULT_CLIENT_FEATURES)
     features[types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS] = _record_publish
     features[types.CLIENT_REGISTER_CAPABILITY] = _accept_registration
+    features[types.PROGRESS] = _record_progress
     register_lsp_features(client, features)
     return client
 

@@ -129,11 +129,13 @@ async def test_only_filters_the_kinds(client: RecordingClient, tmp_path):
 
     quick = await request_actions(client, doc, whole(MIXED), diagnostics, only=["quickfix"])
     source = await request_actions(client, doc, whole(MIXED), diagnostics, only=["source"])
+    repro = await request_actions(client, doc, whole(MIXED), diagnostics, only=["torchls.repro"])
     everything = await request_actions(client, doc, whole(MIXED), diagnostics)
 
     assert quick and all(a.kind == types.CodeActionKind.QuickFix for a in quick)
     assert [a.kind for a in source] == ["source.fixAll.torchls"]
-    assert len(everything) == len(quick) + len(source)
+    assert [a.title for a in repro] == ["Run bounded repro"]  # the range holds a training loop
+    assert len(everything) == len(quick) + len(source) + len(repro)
     # One fix per fixable finding (TL303-like findings without fixes get none) and one
     # "Disable" per finding.
     assert sorted(a.title.split(":")[0] for a in quick if a.title.startswith("Fix")) == [

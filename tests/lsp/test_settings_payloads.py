@@ -18,4 +18,8 @@ def test_initialization_options_carry_trust() -> None:
         {"run": "onSave"},
         True,
     )
-    assert split_initialization_options({"run": "onSave"})[0] == {"run": "onSave"}
+    assert split_initialization_options({"run": "onSave"}) == ({"run": "onSave"}, True)
+    # Trusted unless the client says otherwise: Neovim and Helix send nothing about trust.
+    assert split_initialization_options(None)[1] is True
+    assert split_initialization_options({"trusted": False})[1] is False
+    assert split_initialization_options({"settings": {"trusted": False}})[1] is False

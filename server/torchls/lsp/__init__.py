@@ -1,4 +1,4 @@
-"""The torchls language server (pygls 2): diagnostics, code actions and hover over stdio.
+"""The torchls language server (pygls 2): diagnostics, code actions, hover and the repro over stdio.
 
 `create_server()` builds a `TorchLanguageServer` with every feature module registered (one module
 per feature, esbonio style); `start_stdio()` runs it on stdin/stdout, which `torchls server`
@@ -16,8 +16,17 @@ __all__ = ["TorchLanguageServer", "create_server", "start_stdio"]
 
 
 def create_server() -> TorchLanguageServer:
-    """A new server with the configuration, diagnostics, code action and hover features."""
-    from torchls.lsp import code_actions, configuration, cross_file, diagnostics, hover, rule_docs
+    """A new server with the configuration, diagnostics, code action, hover and repro
+    features."""
+    from torchls.lsp import (
+        code_actions,
+        configuration,
+        cross_file,
+        diagnostics,
+        hover,
+        repro,
+        rule_docs,
+    )
 
     server = TorchLanguageServer()
     configuration.register(server)
@@ -26,6 +35,7 @@ def create_server() -> TorchLanguageServer:
     hover.register(server)
     rule_docs.register(server)
     cross_file.register(server)
+    repro.register(server)
     return server
 
 

@@ -8,7 +8,9 @@ In: `textDocument/codeAction` (range, context diagnostics, `only` kinds). Out: `
 - `quickfix` "Show documentation for TLxxx", once per code in range, running the
   `torchls.showRuleDoc` command (`rule_docs`),
 - `source.fixAll.torchls`, all SAFE fixes of the document in one edit (re-analysing until no
-  more apply, since fixes that overlap wait for the next pass).
+  more apply, since fixes that overlap wait for the next pass),
+- `torchls.repro` "Run bounded repro" on lines inside a training loop or train step, in trusted
+  workspaces only (`repro`).
 
 Edits are computed from a fresh analysis of the current document version, never from a
 diagnostic's stored data, so they always match the text they will be applied to.
@@ -27,6 +29,7 @@ from torchls.analysis.fixes import apply_fixes, fixes_to_apply
 from torchls.analysis.noqa import add_code_to_line
 from torchls.lsp.diagnostics import SOURCE, to_diagnostics
 from torchls.lsp.positions import LineIndex
+from torchls.lsp.repro import REPRO_KIND
 from torchls.lsp.rule_docs import SHOW_RULE_DOC
 from torchls.lsp.server import Outcome, Snapshot, TorchLanguageServer, selection_for
 from torchls.lsp.settings import Settings
@@ -254,6 +257,9 @@ async def code_actions(
         actions.extend(docs)
     if _wanted(FIX_ALL_KIND, only) and (action := await _fix_all_action(server, snapshot, outcome)):
         actions.append(action)
+    if _wanted(REPRO_KIND, only) and server.repro is not None:
+        if (action := await server.repro.code_action(snapshot, params.range)) is not None:
+            actions.append(action)
     if not server.is_current(snapshot):
         return None  # the text changed meanwhile; these edits would no longer apply
     return actions or None
@@ -265,7 +271,7 @@ def register(server: TorchLanguageServer) -> None:
     @server.feature(
         types.TEXT_DOCUMENT_CODE_ACTION,
         types.CodeActionOptions(
-            code_action_kinds=[types.CodeActionKind.QuickFix, FIX_ALL_KIND],
+            code_action_kinds=[types.CodeActionKind.QuickFix, FIX_ALL_KIND, REPRO_KIND],
             resolve_provider=False,
         ),
     )

@@ -131,4 +131,9 @@ def register(server: TorchLanguageServer) -> None:
     def shutdown(ls: TorchLanguageServer, params: None) -> None:
         for state in ls.documents.values():
             state.cancel_all()
+        for hook in ls.shutdown_hooks:
+            try:
+                hook()
+            except Exception:  # shutting down must always succeed
+                logger.exception("a shutdown hook failed")
         ls.analysis_pool.shutdown(wait=False, cancel_futures=True)

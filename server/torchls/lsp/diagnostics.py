@@ -30,7 +30,7 @@ from torchls.lsp.server import DocumentState, Outcome, Snapshot, TorchLanguageSe
 logger = logging.getLogger(__name__)
 
 SOURCE = "torchls"
-Trigger = Literal["open", "change", "save", "settings", "dependency"]
+Trigger = Literal["open", "change", "save", "settings", "dependency", "repro"]
 
 SEVERITIES = {
     "error": types.DiagnosticSeverity.Error,
@@ -157,7 +157,7 @@ async def _publish(
         if settings.run == "onSave":
             if trigger in ("change", "dependency"):
                 return  # typing does not publish; the diagnostics of the last save stay
-            if trigger == "settings" and state.saved is not None:
+            if trigger in ("settings", "repro") and state.saved is not None:
                 snapshot = state.saved
         if sequence < state.claimed:
             return  # a newer request already owns this document's next publish
@@ -168,9 +168,11 @@ async def _publish(
         state.task = current
         diagnostics: list[types.Diagnostic] = []
         outcome = None
+        related = _related_support(server, pull=False)
         if settings.enable:
             outcome = await server.analyse(snapshot)
-            diagnostics = to_diagnostics(server, outcome, _related_support(server, pull=False))
+            diagnostics = to_diagnostics(server, outcome, related)
+            diagnostics = await server.layered_diagnostics(snapshot, diagnostics, related)
         if not _still_wanted(server, state, sequence, snapshot):
             return
         server.text_document_publish_diagnostics(
@@ -187,11 +189,13 @@ async def _publish(
             server, state, sequence, snapshot
         ):
             return
+        diagnostics = to_diagnostics(server, full, related)
+        diagnostics = await server.layered_diagnostics(snapshot, diagnostics, related)
+        if not _still_wanted(server, state, sequence, snapshot):
+            return
         server.text_document_publish_diagnostics(
             types.PublishDiagnosticsParams(
-                uri=snapshot.uri,
-                version=snapshot.version,
-                diagnostics=to_diagnostics(server, full, _related_support(server, pull=False)),
+                uri=snapshot.uri, version=snapshot.version, diagnostics=diagnostics
             )
         )
     except asyncio.CancelledError:
@@ -242,9 +246,12 @@ async def pull_diagnostics(
             code=types.LSPErrorCodes.ServerCancelled.value,
             data={"retriggerRequest": True},
         )
-    items = to_diagnostics(server, outcome, _related_support(server, pull=True))
+    related = _related_support(server, pull=True)
+    items = to_diagnostics(server, outcome, related)
+    items = await server.layered_diagnostics(snapshot, items, related)
     return types.FullDocumentDiagnosticReport(
-        items=items, result_id=f"{snapshot.version}:{server.settings_generation}"
+        items=items,
+        result_id=f"{snapshot.version}:{server.settings_generation}:{server.repro_store.generation}",
     )
 
 

@@ -1,8 +1,9 @@
-"""Hover: the static contract of the loss under the cursor (input/target shapes and dtypes).
+"""Hover: the static contract of the loss under the cursor, and the last repro's trace.
 
-In: `textDocument/hover` at an LSP position. Out: Markdown from
-`torchls.analysis.loss_contract_at` (plain text for clients that only take plain text), or None
-when the cursor is not on a loss.
+In: `textDocument/hover` at an LSP position. Out: Markdown (plain text for clients that only
+take plain text) from `torchls.analysis.loss_contract_at` when the cursor is on a loss, and from
+`repro_hover` when the last repro traced the line or the value under the cursor (both, one
+after the other, when both apply), or None.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pygls.capabilities import get_capability
 
 from torchls.analysis import loss_contract_at
 from torchls.analysis.resolver import CachedView
+from torchls.lsp.repro_hover import repro_hover
 from torchls.lsp.server import MAX_DOCUMENT_CHARS, TorchLanguageServer
 
 logger = logging.getLogger(__name__)
@@ -38,7 +40,7 @@ def _contract(
 
 
 async def hover(server: TorchLanguageServer, params: types.HoverParams) -> types.Hover | None:
-    """The loss contract at `params.position`, or None."""
+    """The loss contract and the repro trace at `params.position`, or None."""
     await server.wait_for_settings()
     snapshot = server.snapshot(params.text_document.uri)
     if snapshot is None or not server.settings.enable:
@@ -59,8 +61,11 @@ async def hover(server: TorchLanguageServer, params: types.HoverParams) -> types
         path or snapshot.uri,
         workspace,
     )
-    if not markdown:
+    runtime = await repro_hover(server, snapshot, row, column)
+    parts = [part for part in (markdown, runtime) if part]
+    if not parts:
         return None
+    markdown = "\n\n---\n\n".join(parts)
     return types.Hover(contents=types.MarkupContent(kind=_content_kind(server), value=markdown))
 
 

@@ -5,6 +5,7 @@ register their handlers on one `TorchLanguageServer`; this module owns what they
 
 - the effective `Settings` and an event that is set once the client's configuration is known,
 - one `DocumentState` per open document (the newest diagnostics request and cached results),
+- the repro's results (`repro_store`) and the layers that add them to diagnostics,
 - `analyse()`, which runs the pure analysis on a single worker thread so the event loop stays
   responsive, and caches the result per (document version, settings generation).
 """
@@ -19,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
@@ -32,6 +34,7 @@ from torchls.analysis.selection import RuleSelection
 from torchls.analysis.source import ParsedSource
 from torchls.config import ConfigError, ProjectConfig, load_config
 from torchls.lsp.positions import UTF16, LineIndex
+from torchls.lsp.repro_state import ReproStore
 from torchls.lsp.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -77,6 +80,11 @@ class LspWorkspace(Workspace):
             sync_kind=self._sync_kind,
             position_codec=self.position_codec,
         )
+
+
+DiagnosticLayer = Callable[
+    ["Snapshot", list[types.Diagnostic], bool], Awaitable[list[types.Diagnostic]]
+]
 
 
 @dataclass(frozen=True)
@@ -132,11 +140,21 @@ class TorchLanguageServer(LanguageServer):
         self.settings = Settings()
         self.settings_generation = 0
         self.settings_ready = asyncio.Event()
-        self.trusted = False
+        # Whether the workspace may run code (the repro); only `trusted: false` says no.
+        self.trusted = True
         self.pull_diagnostics = False
         self.documents: dict[str, DocumentState] = {}
         self.initialize_hooks: list[Callable[[types.InitializeParams], None]] = []
         self.initialized_hooks: list[Callable[[], Awaitable[None]]] = []
+        self.shutdown_hooks: list[Callable[[], None]] = []
+        # Layers over the static diagnostics of a snapshot (the repro's TL9xx findings): each
+        # gets the snapshot, the static diagnostics and whether related information is wanted,
+        # and returns the full list to publish (or answer a pull with).
+        self.diagnostic_layers: list[DiagnosticLayer] = []
+        # What the repro runs found, per file (filled by the repro feature, read by the
+        # diagnostics layer and the hover); `repro` is that feature's controller once registered.
+        self.repro_store = ReproStore()
+        self.repro: Any = None
         self._reported: set[str] = set()
         # One worker: the analysis is pure Python (the GIL makes more threads no faster), and a
         # FIFO queue keeps results in request order.
@@ -206,6 +224,19 @@ class TorchLanguageServer(LanguageServer):
             logger.warning(
                 "no configuration from the client after %ss; using defaults", SETTINGS_WAIT_S
             )
+
+    async def layered_diagnostics(
+        self, snapshot: Snapshot, diagnostics: list[types.Diagnostic], related_support: bool
+    ) -> list[types.Diagnostic]:
+        """`diagnostics` (the static ones of `snapshot`) with every diagnostic layer applied."""
+        for layer in self.diagnostic_layers:
+            try:
+                diagnostics = await layer(snapshot, diagnostics, related_support)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a layer's bug must not cost the user the static findings
+                logger.exception("a diagnostic layer failed for %s", snapshot.uri)
+        return diagnostics
 
     # -- documents ------------------------------------------------------------------------------
 

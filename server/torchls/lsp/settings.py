@@ -4,6 +4,10 @@ In: `initializationOptions` (either `{"settings": {...}}` or the flat settings d
 nested under `"torchls"`), `workspace/configuration` answers for section `torchls`, and
 `workspace/didChangeConfiguration` payloads. Out: one frozen `Settings` value.
 
+The repro's settings live under `probe` (`{"probe": {"steps": 2}}`, or the dotted keys some
+clients send flat: `{"probe.steps": 2}`): `device`, `steps`, `timeout` (seconds), `memory` (MB)
+and `python` (the interpreter that has the user's torch; empty means "not set").
+
 Layers, later wins key by key: defaults < initializationOptions < workspace/configuration (the
 live value the editor holds). A `null` or missing key leaves the lower layer in force. Values of
 the wrong type are dropped with a problem message rather than guessed at.
@@ -11,12 +15,27 @@ the wrong type are dropped with a problem message rather than guessed at.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 SECTION = "torchls"
 RunMode = Literal["onType", "onSave"]
+# The probe's own pattern (torchls.probe.options), repeated so settings never import the probe.
+DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """The repro's settings; None means "not set": the probe's default (or, for `python`, the
+    server's choice of interpreter) applies."""
+
+    device: str | None = None
+    steps: int | None = None
+    timeout: float | None = None
+    memory: int | None = None
+    python: str | None = None
 
 
 @dataclass(frozen=True)
@@ -27,6 +46,7 @@ class Settings:
     select: tuple[str, ...] | None = None
     ignore: tuple[str, ...] = ()
     run: RunMode = "onType"
+    probe: ProbeSettings = field(default_factory=ProbeSettings)
 
 
 def _code_list(value: Any) -> tuple[str, ...] | None:
@@ -64,6 +84,59 @@ def apply_settings(base: Settings, raw: Any) -> tuple[Settings, list[str]]:
             problems.append(f'torchls.run must be "onType" or "onSave", got {run!r}')
         else:
             changes["run"] = normalised
+    probe, more = _apply_probe(base.probe, _probe_payload(raw))
+    problems.extend(more)
+    if probe != base.probe:
+        changes["probe"] = probe
+    return replace(base, **changes), problems
+
+
+def _probe_payload(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The `probe` keys, whether nested (`{"probe": {...}}`) or dotted (`{"probe.steps": 2}`)."""
+    payload: dict[str, Any] = {}
+    nested = raw.get("probe")
+    if isinstance(nested, Mapping):
+        payload.update(nested)
+    for key, value in raw.items():
+        if isinstance(key, str) and key.startswith("probe."):
+            payload[key.removeprefix("probe.")] = value
+    return payload
+
+
+def _number(value: Any) -> float | None:
+    # bool is an int in Python, but `true` is never a valid number of steps.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _apply_probe(base: ProbeSettings, raw: Mapping[str, Any]) -> tuple[ProbeSettings, list[str]]:
+    problems: list[str] = []
+    changes: dict[str, Any] = {}
+    if (device := raw.get("device")) is not None:
+        if isinstance(device, str) and DEVICE_PATTERN.match(device.strip()):
+            changes["device"] = device.strip()
+        else:
+            problems.append(
+                f"torchls.probe.device must be auto, cpu, cuda, cuda:N or mps, got {device!r}"
+            )
+    limits = (("steps", 1, True), ("timeout", 0, False), ("memory", 64, True))
+    for key, minimum, integer in limits:
+        if (value := raw.get(key)) is None:
+            continue
+        number = _number(value)
+        valid = number is not None and (number >= minimum if integer else number > minimum)
+        if number is None or not valid or (integer and number != int(number)):
+            bound = f"at least {minimum}" if integer else "positive"
+            problems.append(f"torchls.probe.{key} must be a {bound} number, got {value!r}")
+            continue
+        changes[key] = int(number) if integer else number
+    if (python := raw.get("python")) is not None:
+        if not isinstance(python, str):
+            problems.append("torchls.probe.python must be a path to an interpreter")
+        elif python.strip():
+            changes["python"] = python.strip()
+        # An empty string is what clients send for "not set": the lower layer stays.
     return replace(base, **changes), problems
 
 
@@ -83,13 +156,16 @@ def split_initialization_options(options: Any) -> tuple[Any, bool]:
 
     Accepts `{"settings": {...}, "trusted": true}` (the shape a VS Code client or Helix's
     `config.settings` sends) and the flat dict (`init_options` in Neovim, `config` in Helix).
-    `trusted` says whether the workspace may run code (the bounded repro); it defaults to False.
+    `trusted` says whether the workspace may run code (the bounded repro, and only when the user
+    asks for it). It is True unless the client says `trusted: false`: editors without a notion
+    of workspace trust (Neovim, Helix) send nothing, and their users must be able to run a
+    repro; the VS Code extension sends false for workspaces in Restricted Mode.
     """
     if not isinstance(options, Mapping):
-        return None, False
-    trusted = options.get("trusted") is True
+        return None, True
+    trusted = options.get("trusted") is not False
     settings = options.get("settings", options)
     settings = unwrap_section(settings)
-    if isinstance(settings, Mapping) and settings.get("trusted") is True:
-        trusted = True
+    if isinstance(settings, Mapping) and settings.get("trusted") is False:
+        trusted = False
     return settings, trusted

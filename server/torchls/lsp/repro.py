@@ -1,0 +1,448 @@
+"""The bounded repro in the editor: the "Run bounded repro" action and the repro commands.
+
+In:
+- `textDocument/codeAction` on a line inside a training loop or a train-step function (only in
+  trusted workspaces): one action, "Run bounded repro", running the command below;
+- `workspace/executeCommand` `torchls.runRepro` with one argument `{"uri", "device"?,
+  "steps"?}`, and `torchls.clearRepro` with `{"uri"}` (or nothing: clear every run);
+- settings `torchls.probe.device|steps|timeout|memory|python`.
+
+Out: `window/workDoneProgress` begin/report/end following the probe's stages (repro_progress;
+cancelling sets the run's cancel event, which kills its sandbox within the probe's 50 ms poll
+interval), the run's findings and traces in `ReproStore` (published through the diagnostics
+layer in repro_diagnostics, shown by the hover in repro_hover), and a message for everything
+else the user must know (with the setting that fixes it). The command answers with
+`{"status", "message", ...}` once the run is over. (`$/cancelRequest` on the command is not a
+way to cancel: pygls answers it without stopping the handler; the progress bar's cancel is.)
+
+Threads: the probe call blocks, so each run gets a dedicated thread that lives as long as the
+run does (bubblewrap's die-with-parent is tied to the thread that started it); the event loop
+only awaits a future the thread resolves, so diagnostics and hovers keep flowing. The analysis
+worker is never used for a run. One `ReproSession` serves the server: the first run is cold and
+starts a warm worker meanwhile, so later runs fork an interpreter that already imported torch.
+A new run on a document cancels the one in flight on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import importlib.util
+import itertools
+import logging
+import shutil
+import sys
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lsprotocol import types
+from pygls.exceptions import JsonRpcInvalidParams
+from pygls.uris import to_fs_path
+
+from torchls.lsp import repro_messages as messages
+from torchls.lsp.diagnostics import republish_all, request_diagnostics
+from torchls.lsp.repro_diagnostics import ProbeDiagnostics
+from torchls.lsp.repro_lookup import Region, repro_regions
+from torchls.lsp.repro_progress import ReproProgress
+from torchls.lsp.repro_state import build_result, read_baseline, real_path
+from torchls.lsp.server import Snapshot, TorchLanguageServer
+from torchls.lsp.settings import ProbeSettings
+
+if TYPE_CHECKING:
+    from torchls.probe import ProgressEvent, ReproSession
+
+logger = logging.getLogger(__name__)
+
+RUN_REPRO = "torchls.runRepro"
+CLEAR_REPRO = "torchls.clearRepro"
+REPRO_KIND = "torchls.repro"
+ACTION_TITLE = "Run bounded repro"
+
+
+# -- arguments and options ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    uri: str
+    device: str | None = None
+    steps: int | None = None
+
+
+def parse_run_arguments(arguments: tuple[Any, ...]) -> RunRequest:
+    """The one argument of `torchls.runRepro`, checked (an invalid one is the caller's bug)."""
+    if len(arguments) != 1 or not isinstance(arguments[0], Mapping):
+        raise JsonRpcInvalidParams(
+            f'{RUN_REPRO} takes one argument: {{"uri", "device"?, "steps"?}}'
+        )
+    argument = arguments[0]
+    uri, device, steps = argument.get("uri"), argument.get("device"), argument.get("steps")
+    if not isinstance(uri, str) or not uri:
+        raise JsonRpcInvalidParams(f"{RUN_REPRO}: `uri` must be a document URI")
+    if device is not None and not isinstance(device, str):
+        raise JsonRpcInvalidParams(f"{RUN_REPRO}: `device` must be a string such as 'cpu'")
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise JsonRpcInvalidParams(f"{RUN_REPRO}: `steps` must be a positive integer")
+    return RunRequest(uri, device, steps)
+
+
+def choose_python(setting: str | None, root: Path) -> tuple[str, str]:
+    """(interpreter, why it was chosen): the setting (which the VS Code extension fills with
+    the selected interpreter), else the project's virtual environment, else the server's own
+    interpreter when it has torch, else `python3`."""
+    from torchls.probe.locate import find_python
+
+    if setting:
+        return setting, f"`{messages.PYTHON_SETTING}`"
+    found = find_python(None, root)
+    if found != Path(sys.executable):
+        return str(found), "the project's virtual environment"
+    if importlib.util.find_spec("torch") is not None:
+        return sys.executable, "the interpreter running torchls"
+    return shutil.which("python3") or "python3", "`python3` on PATH, the default"
+
+
+# -- running --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Finished:
+    report_data: dict[str, Any]
+    baseline: list[str] | None
+    python: str
+    python_source: str
+
+
+@dataclass
+class Failed:
+    message: str
+
+
+@dataclass
+class Cancelled:
+    pass
+
+
+Outcome = Finished | Failed | Cancelled
+
+
+@dataclass
+class ActiveRun:
+    uri: str
+    cancel: threading.Event = field(default_factory=threading.Event)
+    finished: asyncio.Event = field(default_factory=asyncio.Event)  # its processes are gone
+    started: bool = False  # its thread is running (and will set `finished` when done)
+    superseded: bool = False
+
+
+class ReproController:
+    """The repro features of one server: runs in flight, the warm session, code action regions."""
+
+    def __init__(self, server: TorchLanguageServer) -> None:
+        self.server = server
+        self.active: dict[str, ActiveRun] = {}
+        self.run_ids = itertools.count(1)
+        self._session: ReproSession | None = None
+        self._session_lock = threading.Lock()
+        self._regions: dict[str, tuple[tuple[int | None, str], list[Region]]] = {}
+
+    # -- the warm session --
+
+    def session(self) -> ReproSession:
+        """Created on the first run, from the run's thread (importing the probe costs ~0.1 s,
+        which the event loop should not pay). Its first run is cold and starts the warm worker
+        that later runs fork from."""
+        with self._session_lock:
+            if self._session is None:
+                from torchls.probe import ReproSession
+
+                self._session = ReproSession(warm=True)
+                atexit.register(self.close)
+            return self._session
+
+    def close(self) -> None:
+        for run in self.active.values():
+            run.cancel.set()
+        with self._session_lock:
+            session, self._session = self._session, None
+        if session is not None:
+            with contextlib.suppress(Exception):
+                session.close()
+
+    # -- the command --
+
+    async def run(self, *arguments: Any) -> dict[str, Any]:
+        request = parse_run_arguments(arguments)
+        server = self.server
+        if not server.trusted:
+            return self._tell("refused", messages.UNTRUSTED, types.MessageType.Error)
+        path = to_fs_path(request.uri)
+        if path is None or not Path(path).is_file():
+            return self._tell(
+                "failed",
+                "torchls: the repro runs a file saved on disk; save this document as a .py "
+                "file first.",
+                types.MessageType.Error,
+            )
+        await server.wait_for_settings()
+        probe = server.settings.probe
+        # A loop, not an if: two new runs may both have waited for the same old one.
+        while (previous := self.active.get(request.uri)) is not None:
+            previous.superseded = True
+            previous.cancel.set()
+            await previous.finished.wait()  # its sandbox is gone before the new one starts
+            if self.active.get(request.uri) is previous:
+                del self.active[request.uri]
+        active = self.active[request.uri] = ActiveRun(request.uri)
+        unsaved = self._unsaved(request.uri, path)
+        title = f"torchls repro: {Path(path).name}"
+        progress = ReproProgress(server, None)
+        try:
+            progress = await ReproProgress.start(server, title, active.cancel)
+            outcome = await self._execute(request, path, probe, active, progress)
+        except BaseException:
+            progress.end("stopped")  # the request went away (or a bug): close the bar anyway
+            raise
+        finally:
+            if self.active.get(request.uri) is active:
+                del self.active[request.uri]
+            if not active.started:
+                active.finished.set()  # nothing ran, so nothing for a successor to wait for
+        return self._conclude(request, path, outcome, active, progress, unsaved)
+
+    def _unsaved(self, uri: str, path: str) -> bool:
+        """Whether the open document differs from the file the run will execute."""
+        if uri not in self.server.documents:
+            return False
+        try:
+            on_disk = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return False
+        return self.server.workspace.get_text_document(uri).source != on_disk
+
+    def _root(self, path: str) -> Path:
+        """The project the file belongs to: the innermost workspace folder holding it (lines
+        anywhere in it count as the user's), else the file's folder."""
+        file = Path(real_path(path))
+        candidates = [folder.uri for folder in self.server.workspace.folders.values()]
+        if self.server.workspace.root_uri:
+            candidates.append(self.server.workspace.root_uri)
+        best: Path | None = None
+        for uri in candidates:
+            folder = to_fs_path(uri)
+            if folder is None:
+                continue
+            resolved = Path(real_path(folder))
+            if file.is_relative_to(resolved) and (
+                best is None or len(resolved.parts) > len(best.parts)
+            ):
+                best = resolved
+        return best or file.parent
+
+    async def _execute(
+        self,
+        request: RunRequest,
+        path: str,
+        probe: ProbeSettings,
+        active: ActiveRun,
+        progress: ReproProgress,
+    ) -> Outcome:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Outcome] = loop.create_future()
+        root = self._root(path)
+
+        def deliver(outcome: Outcome) -> None:
+            if not done.done():
+                done.set_result(outcome)
+            active.finished.set()
+
+        def on_progress(event: ProgressEvent) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: the server is exiting
+                loop.call_soon_threadsafe(progress.report, event)
+
+        def work() -> None:
+            outcome: Outcome
+            python, source = "python", "unknown"
+            try:
+                from torchls.probe import ReproCancelled, ReproOptions, ReproUsageError
+
+                python, source = choose_python(probe.python, root)
+                options = ReproOptions(
+                    device=request.device or probe.device,
+                    steps=request.steps or probe.steps,
+                    timeout_s=probe.timeout,
+                    memory_mb=probe.memory,
+                    python=python,
+                    root=str(root),
+                )
+                baseline = read_baseline(path)
+                try:
+                    report = self.session().run(
+                        path, options, on_progress=on_progress, cancel_event=active.cancel
+                    )
+                    outcome = Finished(report.data, baseline, python, source)
+                except ReproCancelled:
+                    outcome = Cancelled()
+                except ReproUsageError as error:
+                    outcome = Failed(messages.usage_failure(str(error), python, source))
+            except Exception as error:  # the server outlives any probe bug
+                logger.exception("the repro of %s failed", path)
+                outcome = Failed(f"torchls: the repro failed: {error}")
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(deliver, outcome)
+
+        threading.Thread(target=work, name=f"torchls-repro-{Path(path).name}", daemon=True).start()
+        active.started = True
+        try:
+            return await asyncio.shield(done)
+        except asyncio.CancelledError:
+            active.cancel.set()  # the request or the server went away: stop the sandbox too
+            raise
+
+    def _conclude(
+        self,
+        request: RunRequest,
+        path: str,
+        outcome: Outcome,
+        active: ActiveRun,
+        progress: ReproProgress,
+        unsaved: bool,
+    ) -> dict[str, Any]:
+        name = Path(path).name
+        if isinstance(outcome, Cancelled):
+            if active.superseded:
+                progress.end("superseded by a new run")
+                self.server.log(f"torchls: the repro of {name} was superseded by a new run")
+                return {"status": "cancelled", "superseded": True, "message": "superseded"}
+            progress.end("cancelled")
+            return self._tell(
+                "cancelled",
+                f"torchls: the repro of {name} was cancelled; its processes were stopped.",
+                types.MessageType.Info,
+            )
+        if isinstance(outcome, Failed):
+            progress.end("could not run")
+            return self._tell("failed", outcome.message, types.MessageType.Error)
+        data = outcome.report_data
+        exception = data.get("exception") or {}
+        if exception.get("kind") in ("setup", "device"):
+            progress.end("could not run")
+            message = messages.setup_failure(data, outcome.python, outcome.python_source)
+            return self._tell("failed", message, types.MessageType.Error)
+        baselines = {real_path(path): outcome.baseline} if outcome.baseline is not None else {}
+        result = build_result(request.uri, next(self.run_ids), data, baselines)
+        self._refresh(self.server.repro_store.put(result))
+        summary = messages.summary(data, path)
+        progress.end(summary)
+        self.server.log(f"torchls: {summary}")
+        for kind, text in messages.report_messages(data, path):
+            self._show(text, kind)
+        if (weaker := messages.sandbox_problem(data)) is not None:
+            self.server.warn_once(weaker)  # the same on every run: once per session is enough
+        if unsaved:
+            self._show(
+                f"torchls: the repro ran {name} as saved on disk; unsaved edits were not part of "
+                "it (their lines show as stale).",
+                types.MessageType.Warning,
+            )
+        return {
+            "status": data.get("status"),
+            "message": summary,
+            "runner": (data.get("timing") or {}).get("runner"),
+            "findings": [
+                {"code": f.get("code"), "line": f.get("line"), "filename": f.get("filename")}
+                for f in data.get("findings") or []
+            ],
+        }
+
+    def _show(self, message: str, kind: types.MessageType) -> None:
+        self.server.window_show_message(types.ShowMessageParams(type=kind, message=message))
+
+    def _tell(self, status: str, message: str, kind: types.MessageType) -> dict[str, Any]:
+        """Show `message` (every editor displays window/showMessage) and answer with it."""
+        self._show(message, kind)
+        self.server.log(message)
+        return {"status": status, "message": message}
+
+    def _refresh(self, paths: set[str]) -> None:
+        """New probe results for `paths`: re-publish (or have the client re-pull) them."""
+        if self.server.pull_diagnostics:
+            republish_all(self.server)
+            return
+        for uri in list(self.server.documents):
+            own = to_fs_path(uri)
+            if own is not None and real_path(own) in paths:
+                request_diagnostics(self.server, uri, "repro")
+
+    async def clear(self, *arguments: Any) -> dict[str, Any]:
+        uri = None
+        if arguments:
+            argument = arguments[0]
+            uri = argument.get("uri") if isinstance(argument, Mapping) else argument
+            if not isinstance(uri, str | None):
+                raise JsonRpcInvalidParams(f'{CLEAR_REPRO} takes {{"uri"}} or nothing')
+        paths = self.server.repro_store.clear(uri)
+        self._refresh(paths)
+        return {"status": "cleared", "files": len(paths)}
+
+    # -- the code action --
+
+    async def code_action(
+        self, snapshot: Snapshot, requested: types.Range
+    ) -> types.CodeAction | None:
+        """ "Run bounded repro" when `requested` touches a training loop or train step."""
+        if not self.server.trusted:
+            return None  # never offer to run code the workspace does not trust
+        path = to_fs_path(snapshot.uri)
+        if path is None:
+            return None
+        key = (snapshot.version, snapshot.source)
+        cached = self._regions.get(snapshot.uri)
+        if cached is not None and cached[0] == key:
+            regions = cached[1]
+        else:
+            loop = asyncio.get_running_loop()
+            regions = await loop.run_in_executor(
+                self.server.analysis_pool,
+                repro_regions,
+                self.server.parsed_by_uri,
+                snapshot.uri,
+                snapshot.source,
+                path,
+            )
+            # One entry per open document, newest version only.
+            for uri in [u for u in self._regions if u not in self.server.documents]:
+                del self._regions[uri]
+            self._regions[snapshot.uri] = (key, regions)
+        first, last = requested.start.line + 1, requested.end.line + 1
+        if not any(start <= last and first <= end for start, end in regions):
+            return None
+        return types.CodeAction(
+            title=ACTION_TITLE,
+            kind=REPRO_KIND,
+            command=types.Command(
+                title=ACTION_TITLE, command=RUN_REPRO, arguments=[{"uri": snapshot.uri}]
+            ),
+        )
+
+
+def register(server: TorchLanguageServer) -> ReproController:
+    """Attach the repro commands, the diagnostics layer and shutdown handling to `server`."""
+    controller = ReproController(server)
+    server.repro = controller
+    server.diagnostic_layers.append(ProbeDiagnostics(server, server.repro_store))
+    server.shutdown_hooks.append(controller.close)
+
+    @server.command(RUN_REPRO)
+    async def run_repro(ls: TorchLanguageServer, *arguments: Any) -> dict[str, Any]:
+        return await controller.run(*arguments)
+
+    @server.command(CLEAR_REPRO)
+    async def clear_repro(ls: TorchLanguageServer, *arguments: Any) -> dict[str, Any]:
+        return await controller.clear(*arguments)
+
+    return controller

@@ -1,0 +1,164 @@
+"""The repro's findings as diagnostics, layered over the static ones of the same document.
+
+In: a document snapshot, its static diagnostics and the `ReproStore`. Out: one list: the static
+diagnostics plus the newest run's TL901-TL906 findings for this file (source `torchls-probe`),
+on the ranges the probe reported, carried to where those lines are now (`LineMap`). Findings on
+lines edited since the run are dropped (see repro_state). Related information (the path of a
+NaN from its origin to the loss, the first bad value of later phases) is kept for clients that
+show it. When a static loss-contract finding (TL1xx) and a runtime TL903 sit on the same line,
+each message says that the other confirms it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+from lsprotocol import types
+from pygls.uris import from_fs_path, to_fs_path
+
+from torchls.analysis import Span
+from torchls.lsp.diagnostics import SEVERITIES, SOURCE
+from torchls.lsp.positions import LineIndex
+from torchls.lsp.repro_state import FileTrace, LineMap, ReproStore, real_path
+from torchls.lsp.server import Snapshot, TorchLanguageServer
+
+PROBE_SOURCE = "torchls-probe"
+CONFIRMING_CODE = "TL903"
+
+
+def probe_span(item: dict[str, Any], mapping: LineMap) -> Span | None:
+    """A report position (1-based, code points, end exclusive) as a span in the current text,
+    or None when a line it covers was edited or deleted since the run."""
+    line, end_line = int(item.get("line") or 1), int(item.get("end_line") or item.get("line") or 1)
+    start, end = mapping.new_row(line), mapping.new_row(end_line)
+    if start is None or end is None or not mapping.fresh(range(line, end_line + 1)):
+        return None
+    column = max(int(item.get("column") or 1) - 1, 0)
+    end_column = max(int(item.get("end_column") or 1) - 1, 0)
+    if (start, column) > (end, end_column):
+        end, end_column = start, column
+    return Span.of(start, column, end, end_column)
+
+
+class ProbeDiagnostics:
+    """The diagnostic layer; one per server."""
+
+    def __init__(self, server: TorchLanguageServer, store: ReproStore) -> None:
+        self.server = server
+        self.store = store
+
+    async def __call__(
+        self, snapshot: Snapshot, diagnostics: list[types.Diagnostic], related_support: bool
+    ) -> list[types.Diagnostic]:
+        path = to_fs_path(snapshot.uri)
+        found = self.store.newest_for(path)
+        if found is None:
+            return diagnostics
+        result, trace = found
+        mapping = trace.line_map(snapshot.version, snapshot.source)
+        index = self.server.line_index(snapshot.source)
+        probe = []
+        for item in trace.findings:
+            span = probe_span(item, mapping)
+            if span is None:
+                continue  # the line changed since the run: the finding no longer describes it
+            related = None
+            if related_support and item.get("related"):
+                related = self._related(snapshot, index, mapping, item["related"]) or None
+            probe.append(
+                types.Diagnostic(
+                    range=index.range(span),
+                    message=str(item.get("message", "")),
+                    severity=SEVERITIES.get(
+                        str(item.get("severity")), types.DiagnosticSeverity.Warning
+                    ),
+                    code=str(item.get("code", "")),
+                    source=PROBE_SOURCE,
+                    related_information=related,
+                    data={"repro": result.run_id, "version": snapshot.version},
+                )
+            )
+        mark_confirmations(diagnostics, probe)
+        return [*diagnostics, *probe]
+
+    def _related(
+        self,
+        snapshot: Snapshot,
+        index: LineIndex,
+        mapping: LineMap,
+        items: list[dict[str, Any]],
+    ) -> list[types.DiagnosticRelatedInformation]:
+        own = to_fs_path(snapshot.uri)
+        own_path = real_path(own) if own else None
+        related = []
+        for item in items:
+            filename = item.get("filename")
+            if not isinstance(filename, str):
+                continue
+            if real_path(filename) == own_path:
+                uri, target_index, target_map = snapshot.uri, index, mapping
+            else:
+                located = self._other_file(filename)
+                if located is None:
+                    continue
+                uri, target_index, target_map = located
+            span = probe_span(item, target_map)
+            if span is None:
+                continue
+            related.append(
+                types.DiagnosticRelatedInformation(
+                    location=types.Location(uri=uri, range=target_index.range(span)),
+                    message=str(item.get("message", "")),
+                )
+            )
+        return related
+
+    def _other_file(self, filename: str) -> tuple[str, LineIndex, LineMap] | None:
+        """Another file's uri, current text index and map from the run's view of it."""
+        uri = from_fs_path(filename)
+        if uri is None:
+            return None
+        text = None
+        version = None
+        if uri in self.server.documents:
+            document = self.server.workspace.get_text_document(uri)
+            text, version = document.source, document.version
+        else:
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                text = Path(filename).read_text(encoding="utf-8")
+        if text is None:
+            return None
+        found = self.store.newest_for(filename)
+        trace: FileTrace | None = found[1] if found is not None else None
+        index = self.server.line_index(text)
+        if trace is None:
+            lines = index.lines
+            return uri, index, LineMap(lines, lines)
+        return uri, index, trace.line_map(version, text)
+
+
+def _lines_of(diagnostic: types.Diagnostic) -> range:
+    return range(diagnostic.range.start.line, diagnostic.range.end.line + 1)
+
+
+def mark_confirmations(static: list[types.Diagnostic], probe: list[types.Diagnostic]) -> None:
+    """A static TL1xx and a runtime TL903 on the same line confirm each other: say so in both."""
+    for runtime in probe:
+        if runtime.code != CONFIRMING_CODE:
+            continue
+        lines = set(_lines_of(runtime))
+        confirmed = [
+            d
+            for d in static
+            if d.source == SOURCE
+            and str(d.code).startswith("TL1")
+            and lines.intersection(_lines_of(d))
+        ]
+        if not confirmed:
+            continue
+        for diagnostic in confirmed:
+            diagnostic.message += f" (confirmed at run time by the repro: {CONFIRMING_CODE})"
+        codes = ", ".join(sorted({str(d.code) for d in confirmed}))
+        runtime.message += f" (torchls also finds this statically: {codes})"
