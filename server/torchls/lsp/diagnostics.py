@@ -78,11 +78,21 @@ def to_diagnostics(
     server: TorchLanguageServer, outcome: Outcome, related_support: bool
 ) -> list[types.Diagnostic]:
     """The LSP diagnostics for one analysis outcome, in the snapshot's coordinates."""
+    diagnostics = []
+    if outcome.stopped_early:
+        # Silence would read as "no bugs"; say that part of the file went unchecked.
+        diagnostics.append(
+            types.Diagnostic(
+                range=types.Range(types.Position(0, 0), types.Position(0, 0)),
+                message=f"torchls: {outcome.stopped_early}",
+                severity=types.DiagnosticSeverity.Information,
+                source=SOURCE,
+            )
+        )
     if not outcome.findings:
-        return []
+        return diagnostics
     snapshot = outcome.snapshot
     index = server.line_index(snapshot.source)
-    diagnostics = []
     for finding in outcome.findings:
         related = None
         if related_support and finding.related:

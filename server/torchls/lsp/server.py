@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +42,10 @@ logger = logging.getLogger(__name__)
 
 SETTINGS_WAIT_S = 5.0
 """How long document work waits for the client's configuration before using what it has."""
+
+ANALYSIS_BUDGET_S = float(os.environ.get("TORCHLS_ANALYSIS_BUDGET_S", "3.0"))
+"""Rules not started within this many seconds are skipped (and the user is told): a
+pathological file must not stall diagnostics. The variable exists for tests and slow machines."""
 
 MAX_DOCUMENT_CHARS = 5_000_000
 """Documents larger than this are not analysed (no training script is this long)."""
@@ -109,6 +114,7 @@ class Outcome:
     config_error: str | None = None
     cross_file: bool = False
     needs_cross_file: bool = False
+    stopped_early: str | None = None  # the analysis ran out of its time budget
 
 
 @dataclass
@@ -381,6 +387,7 @@ def analyse_snapshot(
             enabled=lambda code: selection.enabled(code, relative),
             workspace=(view or project) if path is not None else None,
             previous=previous,
+            budget_s=ANALYSIS_BUDGET_S,
         )
     except Exception as error:  # the server must outlive any analysis bug
         logger.exception("analysis failed for %s", snapshot.uri)
@@ -396,4 +403,5 @@ def analyse_snapshot(
         config_error,
         cross_file=cross_file,
         needs_cross_file=view is not None and view.missed and path is not None,
+        stopped_early=result.stopped_early,
     )
