@@ -565,8 +565,10 @@ class Facts:
 
     def self_attribute_values(self, expr: ast.Attribute) -> list[ast.expr]:
         """Values assigned to `self.<attr>` in the class that `expr` is in."""
+        if not isinstance(expr.value, ast.Name) or expr.value.id != "self":
+            return []  # checked first: finding the enclosing class walks up the tree
         klass = self.enclosing_class(expr)
-        if klass is None or not isinstance(expr.value, ast.Name) or expr.value.id != "self":
+        if klass is None:
             return []
         info = self.classes.get(klass.name)
         return info.attributes.get(expr.attr, []) if info else []

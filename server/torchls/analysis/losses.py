@@ -102,11 +102,16 @@ def loss_kind_of_call(facts: Facts, call: ast.Call) -> tuple[str, ast.Call | Non
         return (name, None) if name else None
     if qualname in ("torch.binary_cross_entropy_with_logits",):
         return ("BCEWithLogitsLoss", None)
-    if isinstance(call.func, ast.Call) or (
-        isinstance(call.func, (ast.Name, ast.Attribute))
-        and facts.method_name(call) not in ("forward",)
+    func = call.func
+    # A loss object is called as `criterion(...)`, `self.criterion(...)` or
+    # `nn.CrossEntropyLoss()(...)`; method calls on anything else (`x.sum()`) are not losses.
+    if isinstance(func, (ast.Call, ast.Name)) or (
+        isinstance(func, ast.Attribute)
+        and isinstance(func.value, ast.Name)
+        and func.value.id == "self"
+        and func.attr != "forward"
     ):
-        kind = facts.kind_of(call.func)
+        kind = facts.kind_of(func)
     else:
         kind = None
     if kind is not None and kind.kind == "loss" and kind.detail in CONTRACTS:

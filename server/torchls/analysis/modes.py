@@ -71,6 +71,9 @@ class ModeAnalysis:
     _relevant: dict[ast.AST, list[ast.Call]] = field(default_factory=dict)
     _possible_keys: set[str] = field(default_factory=set)
     _loop_depth: int = 0
+    _inert_cache: dict[ast.AST, bool] = field(default_factory=dict)
+    # Statements that build a model somewhere inside (a fresh module starts in train mode).
+    _builds_model: set[ast.AST] = field(default_factory=set)
 
     def run(self) -> None:
         facts = self.facts
@@ -78,6 +81,7 @@ class ModeAnalysis:
             return
         functions = _relevant_functions(facts)
         self._possible_keys = _possible_keys(facts)
+        self._builds_model = _statements_building_models(facts)
         # Round one analyses everything from an unknown entry and collects call-site states;
         # round two re-analyses only the functions that got an entry state from a caller.
         entries: dict[ast.AST, State] = {}
@@ -101,8 +105,19 @@ class ModeAnalysis:
             state = self._statement(stmt, state)
         return state
 
+    def _inert(self, stmt: ast.stmt) -> bool:
+        """True when nothing in `stmt` can read or change a mode (no relevant call, no model
+        built): most statements, so the interpreter skips them whole, loops included."""
+        inert = self._inert_cache.get(stmt)
+        if inert is None:
+            inert = not self._relevant_calls(stmt) and stmt not in self._builds_model
+            self._inert_cache[stmt] = inert
+        return inert
+
     def _statement(self, stmt: ast.stmt, state: State) -> State:
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return state
+        if self._inert(stmt):
             return state
         if isinstance(stmt, ast.If):
             state = self._expression(stmt.test, state)
@@ -329,6 +344,24 @@ def _possible_keys(facts: Facts) -> set[str]:
                 if key is not None and facts.is_kind(statement.value, "model"):
                     keys.add(key)
     return keys
+
+
+def _statements_building_models(facts: Facts) -> set[ast.AST]:
+    """`model = Net()`-style assignments and every statement around them, up to the function."""
+    found: set[ast.AST] = set()
+    for statement, calls in facts.calls_by_statement.items():
+        if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1):
+            continue
+        if statement.value not in calls or not facts.is_kind(statement.value, "model"):
+            continue
+        node: ast.AST | None = statement
+        while node is not None and not isinstance(
+            node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)
+        ):
+            if isinstance(node, ast.stmt):
+                found.add(node)
+            node = facts.parents.get(node)
+    return found
 
 
 def _relevant_functions(facts: Facts) -> list[FunctionNode]:
