@@ -217,7 +217,25 @@ def discover(
             found.missing.append(raw)
             continue
         for candidate in candidates:
-            key = candidate.resolve()
+            try:
+                key = candidate.resolve(strict=True)
+            except (OSError, RuntimeError):  # a symlink loop or a dangling link
+                found.unreadable.append(
+                    FileReport(
+                        _display(candidate),
+                        _absolute(candidate),
+                        error="cannot resolve the path (a symlink loop or a dangling link)",
+                    )
+                )
+                continue
+            if not key.is_file():
+                # A FIFO or a device named like a module would block or never end.
+                found.unreadable.append(
+                    FileReport(
+                        _display(candidate), _absolute(candidate), error="not a regular file"
+                    )
+                )
+                continue
             if key not in seen:
                 seen.add(key)
                 found.files.append(Path(os.path.normpath(candidate)))
@@ -239,7 +257,7 @@ def _walk(
         for name in sorted(files):
             path = here / name
             if name.endswith(".py") and not _excluded(path, resolver) and not ignored(path):
-                yield path
+                yield path  # discover() rejects links that loop and files that are not regular
 
 
 def _skip_dir(path: Path, resolver: ConfigResolver, ignored: Callable[[Path], bool]) -> bool:

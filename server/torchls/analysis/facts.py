@@ -642,7 +642,10 @@ class Facts:
         qualname = self.call_qualname(call) or ""
         short = self.short_name(call)
         method = self.method_name(call)
+        if qualname == "torch.optim.swa_utils.AveragedModel":
+            return ObjectKind("model", short, call)
         if qualname.startswith("torch.optim.lr_scheduler.") or qualname in (
+            "torch.optim.swa_utils.SWALR",
             "transformers.get_linear_schedule_with_warmup",
             "transformers.get_cosine_schedule_with_warmup",
             "transformers.get_scheduler",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import codecs
 import re
+import warnings
 from dataclasses import dataclass, field
 
 from torchls.analysis.findings import Span
@@ -109,6 +110,14 @@ def _blank(line: str, opens_block: bool) -> str:
     return indent + ("if True:" if opens_block else "pass")
 
 
+def _quiet_parse(text: str) -> ast.Module:
+    """`ast.parse` without Python's SyntaxWarnings about the user's code (`0x1for`, invalid
+    escapes): they would leak to stderr, and under a warnings-as-errors filter abort parsing."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ast.parse(text, type_comments=False)
+
+
 def parse_source(text: str) -> ParsedSource:
     """Parse `text`; on a syntax error blank the offending line and retry, so one half-typed
     line does not hide the findings for the rest of the file."""
@@ -118,7 +127,7 @@ def parse_source(text: str) -> ParsedSource:
     problems: list[SyntaxProblem] = []
     for _ in range(MAX_RECOVERY_ATTEMPTS):
         try:
-            tree = ast.parse("\n".join(working), type_comments=False)
+            tree = _quiet_parse("\n".join(working))
             return ParsedSource(text, lines, tree, blanked, problems)
         except RecursionError:
             raise SourceError("nesting too deep for Python's parser") from None
@@ -202,7 +211,7 @@ def reparse(previous: ParsedSource | None, text: str) -> ParsedSource:
     region_end = (_statement_rows(after[0])[0] - 1 + delta) if after else len(lines)
     region = "\n".join(lines[region_start - 1 : region_end])
     try:
-        middle = ast.parse(region, type_comments=False)
+        middle = _quiet_parse(region)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return parse_source(text)
     if region_start > 1:

@@ -223,10 +223,13 @@ def train_mode_not_restored(facts: Facts) -> Iterator[Hit]:
                 continue
             reported.add(id(setter))
             key = facts.key(call.func) or "model"
+            # At the top of the training loop's body: before the loop is not enough when the
+            # loop itself is the epoch loop (full-batch training).
+            first = loops[0].body[0]  # type: ignore[attr-defined]
             fix = Fix(
                 "unsafe",
-                f"Insert `{key}.train()` before the training loop",
-                (insert_line_before(facts, loops[0], f"{key}.train()"),),  # type: ignore[arg-type]
+                f"Insert `{key}.train()` at the start of the training loop",
+                (insert_line_before(facts, first, f"{key}.train()"),),
             )
             yield Hit(
                 setter,
