@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import threading
+import time
 from typing import Any
 
 from lsprotocol import types
@@ -87,6 +90,28 @@ async def _register_configuration_notifications(server: TorchLanguageServer) -> 
         )
 
 
+PARENT_POLL_S = 1.0
+
+
+def watch_parent(pid: int) -> None:
+    """LSP: "if the parent process is not alive then the server should exit". A client can
+    die while something else (a wrapper, a multiplexer) still holds our stdin, so stdin EOF
+    alone is not enough."""
+
+    def poll() -> None:
+        while True:
+            time.sleep(PARENT_POLL_S)
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                logger.warning("the client (pid %s) is gone; exiting", pid)
+                os._exit(0)
+            except PermissionError:
+                pass  # alive, owned by someone else
+
+    threading.Thread(target=poll, name="torchls-parent-watch", daemon=True).start()
+
+
 def register(server: TorchLanguageServer) -> None:
     """Attach the lifecycle and configuration handlers to `server`."""
     layers = SettingsLayers()
@@ -98,6 +123,8 @@ def register(server: TorchLanguageServer) -> None:
             params.initialization_options
         )
         ls.set_settings(layers.effective(ls))
+        if params.process_id is not None:
+            watch_parent(params.process_id)
         for hook in ls.initialize_hooks:
             hook(params)
         if not _supports_configuration(ls):

@@ -264,6 +264,8 @@ class TorchLanguageServer(LanguageServer):
         """(the document's file path, where to look for `pyproject.toml` from). Documents
         without a path, such as unsaved buffers, use the workspace root's configuration."""
         path = to_fs_path(uri)
+        if path is not None and "\x00" in path:
+            path = None  # no file system call accepts it; analyse the text like a buffer
         start = path
         if start is None and self.workspace.root_uri:
             start = to_fs_path(self.workspace.root_uri)

@@ -135,24 +135,24 @@ def backward_twice(facts: Facts) -> Iterator[Hit]:
         by_place.setdefault((id(place), id(facts.scope(call))), []).append(call)
     for calls in by_place.values():
         calls.sort(key=lambda c: (c.lineno, c.col_offset))
-        graphs = [_model_calls_feeding(facts, facts.receiver(c)) for c in calls]  # type: ignore[arg-type]
-        for later_index in range(1, len(calls)):
-            later = calls[later_index]
-            for earlier_index in range(later_index):
-                earlier = calls[earlier_index]
-                shared = graphs[earlier_index] & graphs[later_index]
-                if not shared or _retains_graph(earlier):
-                    continue
-                if _exclusive_branches(facts, earlier, later):
-                    continue
-                forward = min(shared, key=lambda c: (c.lineno, c.col_offset))
-                yield Hit(
-                    later,
-                    f"second backward() through the graph of `{facts.source.segment(forward)}` "
-                    f"(line {forward.lineno}); the first backward() on line {earlier.lineno} "
-                    "already freed it",
-                )
-                break
+        # Forward call -> the earlier backward() that freed its graph: one pass, not all pairs
+        # (a generated file can hold tens of thousands of backward() calls).
+        freed_by: dict[ast.Call, ast.Call] = {}
+        for call in calls:
+            graph = _model_calls_feeding(facts, facts.receiver(call))  # type: ignore[arg-type]
+            for forward in sorted(graph, key=lambda c: (c.lineno, c.col_offset)):
+                earlier = freed_by.get(forward)
+                if earlier is not None and not _exclusive_branches(facts, earlier, call):
+                    yield Hit(
+                        call,
+                        f"second backward() through the graph of "
+                        f"`{facts.source.segment(forward)}` (line {forward.lineno}); the first "
+                        f"backward() on line {earlier.lineno} already freed it",
+                    )
+                    break
+            if not _retains_graph(call):
+                for forward in graph:
+                    freed_by.setdefault(forward, call)
 
 
 def _forward_only_methods(facts: Facts, class_name: str) -> list[FunctionNode]:
