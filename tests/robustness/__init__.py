@@ -1,0 +1,1 @@
+"""Robustness tests: fuzzed analysis input, fix safety on the examples, a server under abuse."""

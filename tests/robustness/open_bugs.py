@@ -1,0 +1,390 @@
+"""OPEN BUGS (issue 8): reproducers that FAIL today, kept out of the default run on purpose.
+
+Run them with `pytest tests/robustness/open_bugs.py`. Each test states the wanted behaviour;
+when one passes, move it to test_regressions.py. Found by the robustness suite (issue 8):
+pygls JSON-RPC framing/params handling, and probe sandbox gaps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.robustness.rpc import RawServer, frame
+
+ROOT = Path(__file__).resolve().parents[2]
+FOUND_WAIT_S = 10.0  # for answers that come at once when the bug is fixed
+HANG_WAIT_S = 30.0  # for whole runs (a cold repro imports torch) that hang today
+MEMORY_CAP = 2 << 30  # address space for a subprocess that would otherwise fill the machine
+
+
+def run_capped(argv: list[str], timeout: float, cwd: Path | None = None, stdin: bytes = b""):
+    """Run `argv` in its own session with RLIMIT_AS = MEMORY_CAP; kill the whole session when
+    it outlives `timeout`. Returns (exit status or None when it had to be killed, output)."""
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
+
+    process = subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        cwd=cwd,
+        start_new_session=True,
+        preexec_fn=limit,
+    )
+    try:
+        output, _ = process.communicate(stdin, timeout=timeout)
+        return process.returncode, output.decode("utf-8", "replace")
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        return None, output.decode("utf-8", "replace")
+
+
+# == the analysis and its fixes =================================================================
+
+FULL_BATCH = """\
+import torch
+import torch.nn.functional as F
+
+
+def evaluate(model, data):
+    model.eval()
+    with torch.no_grad():
+        return F.cross_entropy(model(data.x), data.y).item()
+
+
+def train(model, data, optimizer, epochs):
+    model.train()
+    for epoch in range(epochs):
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(data.x), data.y)
+        loss.backward()
+        optimizer.step()
+        print(epoch, evaluate(model, data))
+"""
+
+
+SWA = """\
+import torch
+from torch.optim.swa_utils import SWALR
+
+
+def train_one_epoch(model, loader, optimizer):
+    for x, y in loader:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+
+
+def fit(model, loader, epochs):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    swa_scheduler = SWALR(optimizer, swa_lr=0.05)
+    for epoch in range(epochs):
+        train_one_epoch(model, loader, optimizer)
+        swa_scheduler.step()
+"""
+
+
+WARNS = (
+    "import torch.nn.functional as F; ids = [0x1for y in z]\n"
+    "def step(logits, y):\n"
+    "    probs = F.softmax(logits, dim=1)\n"
+    "    return F.cross_entropy(probs, y)\n"
+)
+
+
+# == torchls check ==============================================================================
+
+CHECK = [sys.executable, "-m", "torchls", "check"]
+
+
+# == the language server ========================================================================
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    raw = RawServer(tmp_path / "server-stderr.txt")
+    raw.initialize()
+    yield raw
+    raw.close()
+
+
+def answer_to(server: RawServer, ident: int) -> dict:
+    return server.wait_for(lambda m: m.get("id") == ident and "method" not in m, 0, FOUND_WAIT_S)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"x": 1},
+        {"textDocument": {"uri": 5}, "position": {"line": "a", "character": 0}},
+        {"textDocument": {"uri": "file:///x.py"}, "position": {"line": -1, "character": 0}},
+        None,
+    ],
+    ids=["unknown fields", "wrong types", "negative line", "no params"],
+)
+def test_request_with_invalid_params_gets_an_error(server: RawServer, params) -> None:
+    """JSON-RPC: a request whose params do not match gets InvalidParams (-32602). Today pygls
+    fails to deserialise it, logs, and never answers: the client waits forever."""
+    message = {"jsonrpc": "2.0", "id": 4242, "method": "textDocument/hover"}
+    if params is not None:
+        message["params"] = params
+    server.send_bytes(frame(message))
+    answer = answer_to(server, 4242)
+    assert answer.get("error", {}).get("code") == -32602, answer
+
+
+def test_unknown_request_without_params_gets_method_not_found(server: RawServer) -> None:
+    """`params` is optional in JSON-RPC. An unknown method with params is answered -32601; the
+    same request without params is never answered (a deserialisation error is only logged)."""
+    server.send_bytes(frame({"jsonrpc": "2.0", "id": 4343, "method": "torchls/noSuchThing"}))
+    answer = answer_to(server, 4343)
+    assert answer.get("error", {}).get("code") == -32601, answer
+
+
+HOVER = {
+    "textDocument": {"uri": "file:///nowhere/unopened.py"},
+    "position": {"line": 0, "character": 0},
+}
+
+
+def test_absurd_content_length_does_not_kill_the_server(server: RawServer) -> None:
+    """`Content-Length: 99999999999999`: pygls asks stdin for that many bytes at once, Python
+    raises MemoryError in the reader and the server exits with status 1. One bad header from
+    any client (or a corrupted stream) ends the session."""
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "textDocument/hover"}).encode()
+    server.send_bytes(b"Content-Length: 99999999999999\r\n\r\n" + body + b"\r\n")
+    since = len(server.messages)
+    ident = server.request("textDocument/hover", HOVER)
+    server.wait_for(lambda m: m.get("id") == ident, since, FOUND_WAIT_S)
+    assert server.alive()
+
+
+@pytest.mark.parametrize(
+    "bad_frame",
+    [
+        frame(b'{"jsonrpc": "2.0", "method": "initialized", "params": {}}', length=20),
+        b"Content-Length: twelve\r\n\r\n{}",
+        b"\r\n{}",
+    ],
+    ids=["short length", "non-numeric length", "no header"],
+)
+def test_one_unrecognised_frame_does_not_lose_every_later_message(
+    server: RawServer, bad_frame: bytes
+) -> None:
+    """A body never ends with a line break, so after a frame the reader did not recognise, the
+    rest of it and the next header share one line; `Content-Length` must then start the line,
+    so that header is skipped, its body glues onto the next header, and so on: every later
+    message is lost. The server should find the next `Content-Length:` header and go on."""
+    server.send_bytes(bad_frame)
+    since = len(server.messages)
+    idents = [server.request("textDocument/hover", HOVER) for _ in range(3)]
+    server.wait_for(lambda m: m.get("id") in idents and "method" not in m, since, FOUND_WAIT_S)
+
+
+# backward() many times in one loop: TL207 compares every pair of calls, so its time grows with
+# the square of their number (4,000 calls: 1 s; 8,000: 3.3 s; 20,000: 17 s; this: over a minute).
+PATHOLOGICAL = "import torch\nfor batch in loader:\n" + "".join(
+    f"    out{i} = model(batch)\n    out{i}.sum().backward()\n" for i in range(40_000)
+)
+
+
+# == the runtime probe's sandbox ================================================================
+
+pytest.importorskip("torch")  # the probe runs real training code
+
+DRIVER = """\
+import json
+import sys
+
+from torchls.probe import ReproOptions, run_repro
+
+report = run_repro(sys.argv[1], ReproOptions(python=sys.executable, timeout_s=20.0,
+                   argv=tuple(sys.argv[2:])))
+print("DRIVER", json.dumps({"status": report.status}))
+"""
+
+
+def run_driver(path: Path, *argv: str) -> tuple[int | None, str]:
+    """A cold repro of `path`, from a separate "server" process under a memory cap."""
+    return run_capped(
+        [sys.executable, "-c", DRIVER, str(path), *argv], timeout=HANG_WAIT_S, cwd=ROOT
+    )
+
+
+PLANT = """\
+import os
+import sys
+
+scratch = os.environ["HOME"]
+target = os.path.join(scratch, sys.argv[1])
+if os.path.lexists(target):
+    os.unlink(target)
+if sys.argv[2] == "fifo":
+    os.mkfifo(target)
+else:
+    os.symlink(sys.argv[2], target)
+os._exit(0)  # before the probe writes its report
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "what"),
+    [("report.json", "fifo"), ("report.json", "/dev/zero"), ("stderr.txt", "/dev/zero")],
+)
+def test_files_planted_in_the_scratch_folder_cannot_hang_or_exhaust_the_server(
+    tmp_path: Path, name: str, what: str
+) -> None:
+    """The run's scratch folder is writable by the user's code, and the server reads
+    report.json and stderr.txt from it after the run, following symlinks and opening FIFOs:
+    a FIFO blocks `read_probe_report` forever; a symlink to /dev/zero passes the size check
+    (st_size 0) and is read without end (MemoryError under the cap here; without one, the
+    server eats the machine's memory). Read them with O_NOFOLLOW|O_NONBLOCK, fstat S_ISREG,
+    and a bounded read."""
+    path = tmp_path / "plant.py"
+    path.write_text(PLANT)
+    status, output = run_driver(path, name, what)
+    assert status == 0 and "DRIVER" in output, output[-3000:]
+
+
+PRECREATE = """\
+import os
+
+scratch = os.environ["HOME"]  # the warm worker's scratch root
+for run in range(1, 50):
+    try:
+        os.symlink("/etc", os.path.join(scratch, f"run-{run}"))
+    except OSError:
+        pass
+"""
+
+TAMPER = """\
+import glob
+import os
+
+marker = "TAMPERED-BY-" + "AN-EARLIER-RUN"
+for path in glob.glob(os.path.join(os.environ["HOME"], "**", "*.py"), recursive=True):
+    with open(path, "a") as handle:
+        handle.write(f"\\nprint({marker!r})\\n")
+"""
+
+CLEAN = "import torch\n\nprint(torch.ones(2).sum().item())\n"
+
+
+def warm_pair(tmp_path: Path, first: str) -> tuple[object, object]:
+    """Run `first`, then a clean file, through one warm session; both reports."""
+    from torchls.probe import ReproOptions, ReproSession
+    from torchls.probe.prepare import prepare
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "first.py").write_text(first)
+    (project / "clean.py").write_text(CLEAN)
+    options = ReproOptions(python=sys.executable, timeout_s=30.0)
+    session = ReproSession()
+    try:
+        session.prewarm_prepared(prepare(project / "first.py", options), wait=True)
+        before = session.run(project / "first.py", options)
+        assert before.data["timing"]["runner"] == "warm"
+        return before, session.run(project / "clean.py", options)
+    finally:
+        session.close()
+
+
+def test_a_warm_run_cannot_break_later_warm_runs(tmp_path: Path) -> None:
+    """The worker's scratch root is the runs' HOME and writable; the server creates
+    `run-N` there with `mkdir()` for run N. A run that creates `run-2` ... `run-49` first makes
+    every later run of the session raise FileExistsError (not even a cold fallback)."""
+    _, after = warm_pair(tmp_path, PRECREATE)
+    assert after.status == "ok", after.data.get("output")
+
+
+def test_a_warm_run_cannot_change_the_probe_of_later_runs(tmp_path: Path) -> None:
+    """The probe package is staged into the worker's scratch root, which every run can write.
+    Forked children import some probe modules lazily, so code appended by one run runs inside
+    every later run of the session, for any file: it can forge their reports."""
+    _, after = warm_pair(tmp_path, TAMPER)
+    assert "TAMPERED-BY-AN-EARLIER-RUN" not in json.dumps(after.data)
+
+
+READ_HOME = """\
+import sys
+
+for path in sys.argv[1:]:
+    try:
+        with open(path) as handle:
+            print("READ", path, handle.read())
+    except OSError as error:
+        print("REFUSED", path, error.errno)
+"""
+
+
+def test_the_users_home_is_not_readable(tmp_path: Path) -> None:
+    """bubblewrap binds / read-only and hides only /tmp, /var/tmp and /run: every file the
+    user can read, SSH keys and cloud credentials included, is readable by the code under
+    test (it cannot send them anywhere: no network, no writable place but the scratch). The
+    test plants a fake key and credentials file in the real home and removes them."""
+    from torchls.probe import ReproOptions, run_repro
+
+    home = Path.home() / f".torchls-escape-{uuid.uuid4().hex}"
+    secret = f"FAKE-KEY-{uuid.uuid4().hex}"
+    try:
+        (home / ".ssh").mkdir(parents=True)
+        (home / ".ssh" / "id_rsa").write_text(secret)
+        (home / ".aws").mkdir()
+        (home / ".aws" / "credentials").write_text(f"aws_secret_access_key = {secret}")
+        path = tmp_path / "read_home.py"
+        path.write_text(READ_HOME)
+        targets = (str(home / ".ssh" / "id_rsa"), str(home / ".aws" / "credentials"))
+        report = run_repro(path, ReproOptions(python=sys.executable, timeout_s=30.0, argv=targets))
+        assert secret not in json.dumps(report.data)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+FILL = textwrap.dedent(
+    """\
+    import os
+
+    chunk = b"x" * (1 << 20)
+    written = 0
+    for folder in (os.environ["HOME"], "/tmp", "/var/tmp", "/dev/shm"):
+        for number in range(32):
+            try:
+                with open(os.path.join(folder, f"fill-{number}.bin"), "wb") as handle:
+                    for _ in range(2):
+                        handle.write(chunk)
+                        written += len(chunk)
+            except OSError:
+                break
+    print("WRITTEN", written)
+    """
+)
+
+
+def test_a_run_cannot_write_without_bound_across_files(tmp_path: Path) -> None:
+    """RLIMIT_FSIZE caps each file, not the total: with a 2 MB limit, a run writes 32 files of
+    2 MB each in the scratch folder (the host's disk), in the sandbox's /tmp and /dev/shm
+    (tmpfs: the host's memory, outside the memory limit), 192 MB here; in a minute's run, it
+    can fill a disk or RAM. Wanted: a total bounded by a few times the file-size limit."""
+    from torchls.probe import ReproOptions, run_repro
+
+    path = tmp_path / "fill.py"
+    path.write_text(FILL)
+    report = run_repro(path, ReproOptions(python=sys.executable, timeout_s=30.0, file_size_mb=2))
+    output = report.data["output"]["head"] + report.data["output"]["tail"]
+    written = int(output.split("WRITTEN ", 1)[1].split()[0])
+    assert written <= 4 * (2 << 20), f"{written >> 20} MB written with a 2 MB file-size limit"
