@@ -3,12 +3,12 @@
 Starts `python -m torchls server` over stdio, opens a training module (examples/
 image_classifier.py by default), makes 200 warm-up edits, reads the server's RSS, then sends
 10,000 incremental edits (typing and deleting characters in a comment, and toggling a TL101
-bug in an appended function on and off, so the findings really change) with a hover and a code action every 100
-edits, and reads the RSS again. It waits for the diagnostics of every `--wait-every`-th version,
-so the server analyses a good share of the versions instead of only the last one. Prints RSS
-before and after, the growth, the peak (VmHWM), RSS every tenth of the run (to tell a leak,
-which keeps growing, from allocator high-water marks, which level off) and the edit rate. No
-assertions.
+bug in an appended function on and off, so the findings really change) with a hover and a
+code action every 100 edits, and reads the RSS again. It waits for the diagnostics of every
+`--wait-every`-th version, so the server analyses a good share of the versions instead of
+only the last one. Prints RSS before and after, the growth, the peak (VmHWM), RSS every tenth
+of the run (to tell a leak, which keeps growing, from allocator high-water marks, which level
+off) and the edit rate. No assertions.
 Usage: python bench/memory_soak.py [--edits 10000] [--wait-every 10] [--file PATH]
 """
 
