@@ -8,14 +8,12 @@ applying every fix it offers must leave a program that still parses.
 
 from __future__ import annotations
 
-import pytest
+import hypothesmith
 from hypothesis import given
 
 from tests.robustness.corpus import check_result, fuzz_settings, parses
 from torchls.analysis import analyze
 from torchls.analysis.fixes import apply_fixes, fixes_to_apply
-
-hypothesmith = pytest.importorskip("hypothesmith")
 
 
 @fuzz_settings(40)
