@@ -11,7 +11,6 @@ import json
 import os
 import resource
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
@@ -21,94 +20,16 @@ from pathlib import Path
 import pytest
 
 from tests.robustness.rpc import RawServer, frame
+from tests.robustness.test_regressions import ROOT, run_capped
 
-ROOT = Path(__file__).resolve().parents[2]
 FOUND_WAIT_S = 10.0  # for answers that come at once when the bug is fixed
 HANG_WAIT_S = 30.0  # for whole runs (a cold repro imports torch) that hang today
-MEMORY_CAP = 2 << 30  # address space for a subprocess that would otherwise fill the machine
-
-
-def run_capped(argv: list[str], timeout: float, cwd: Path | None = None, stdin: bytes = b""):
-    """Run `argv` in its own session with RLIMIT_AS = MEMORY_CAP; kill the whole session when
-    it outlives `timeout`. Returns (exit status or None when it had to be killed, output)."""
-
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
-
-    process = subprocess.Popen(
-        argv,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        cwd=cwd,
-        start_new_session=True,
-        preexec_fn=limit,
-    )
-    try:
-        output, _ = process.communicate(stdin, timeout=timeout)
-        return process.returncode, output.decode("utf-8", "replace")
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        return None, output.decode("utf-8", "replace")
 
 
 # == the analysis and its fixes =================================================================
 
-FULL_BATCH = """\
-import torch
-import torch.nn.functional as F
-
-
-def evaluate(model, data):
-    model.eval()
-    with torch.no_grad():
-        return F.cross_entropy(model(data.x), data.y).item()
-
-
-def train(model, data, optimizer, epochs):
-    model.train()
-    for epoch in range(epochs):
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(data.x), data.y)
-        loss.backward()
-        optimizer.step()
-        print(epoch, evaluate(model, data))
-"""
-
-
-SWA = """\
-import torch
-from torch.optim.swa_utils import SWALR
-
-
-def train_one_epoch(model, loader, optimizer):
-    for x, y in loader:
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        optimizer.step()
-
-
-def fit(model, loader, epochs):
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    swa_scheduler = SWALR(optimizer, swa_lr=0.05)
-    for epoch in range(epochs):
-        train_one_epoch(model, loader, optimizer)
-        swa_scheduler.step()
-"""
-
-
-WARNS = (
-    "import torch.nn.functional as F; ids = [0x1for y in z]\n"
-    "def step(logits, y):\n"
-    "    probs = F.softmax(logits, dim=1)\n"
-    "    return F.cross_entropy(probs, y)\n"
-)
-
 
 # == torchls check ==============================================================================
-
-CHECK = [sys.executable, "-m", "torchls", "check"]
 
 
 # == the language server ========================================================================
@@ -197,9 +118,6 @@ def test_one_unrecognised_frame_does_not_lose_every_later_message(
 
 # backward() many times in one loop: TL207 compares every pair of calls, so its time grows with
 # the square of their number (4,000 calls: 1 s; 8,000: 3.3 s; 20,000: 17 s; this: over a minute).
-PATHOLOGICAL = "import torch\nfor batch in loader:\n" + "".join(
-    f"    out{i} = model(batch)\n    out{i}.sum().backward()\n" for i in range(40_000)
-)
 
 
 def _rss_kb(pid: int) -> int:
