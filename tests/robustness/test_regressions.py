@@ -13,7 +13,6 @@ import resource
 import signal
 import subprocess
 import sys
-import textwrap
 import warnings
 from pathlib import Path
 
@@ -25,7 +24,6 @@ from torchls.analysis import analyze
 from torchls.analysis.fixes import apply_fixes, fixes_to_apply
 
 ROOT = Path(__file__).resolve().parents[2]
-FOUND_WAIT_S = 10.0  # for answers that come at once when the bug is fixed
 HANG_WAIT_S = 30.0  # for whole runs (a cold repro imports torch) that hang today
 MEMORY_CAP = 2 << 30  # address space for a subprocess that would otherwise fill the machine
 
@@ -200,10 +198,6 @@ def server(tmp_path: Path):
     raw.close()
 
 
-def answer_to(server: RawServer, ident: int) -> dict:
-    return server.wait_for(lambda m: m.get("id") == ident and "method" not in m, 0, FOUND_WAIT_S)
-
-
 HOVER = {
     "textDocument": {"uri": "file:///nowhere/unopened.py"},
     "position": {"line": 0, "character": 0},
@@ -269,115 +263,3 @@ def test_a_pathological_document_does_not_stall_the_others(tmp_path: Path) -> No
 
 
 # == the runtime probe's sandbox ================================================================
-
-pytest.importorskip("torch")  # the probe runs real training code
-
-DRIVER = """\
-import json
-import sys
-
-from torchls.probe import ReproOptions, run_repro
-
-report = run_repro(sys.argv[1], ReproOptions(python=sys.executable, timeout_s=20.0,
-                   argv=tuple(sys.argv[2:])))
-print("DRIVER", json.dumps({"status": report.status}))
-"""
-
-
-def run_driver(path: Path, *argv: str) -> tuple[int | None, str]:
-    """A cold repro of `path`, from a separate "server" process under a memory cap."""
-    return run_capped(
-        [sys.executable, "-c", DRIVER, str(path), *argv], timeout=HANG_WAIT_S, cwd=ROOT
-    )
-
-
-PLANT = """\
-import os
-import sys
-
-scratch = os.environ["HOME"]
-target = os.path.join(scratch, sys.argv[1])
-if os.path.lexists(target):
-    os.unlink(target)
-if sys.argv[2] == "fifo":
-    os.mkfifo(target)
-else:
-    os.symlink(sys.argv[2], target)
-os._exit(0)  # before the probe writes its report
-"""
-
-
-PRECREATE = """\
-import os
-
-scratch = os.environ["HOME"]  # the warm worker's scratch root
-for run in range(1, 50):
-    try:
-        os.symlink("/etc", os.path.join(scratch, f"run-{run}"))
-    except OSError:
-        pass
-"""
-
-TAMPER = """\
-import glob
-import os
-
-marker = "TAMPERED-BY-" + "AN-EARLIER-RUN"
-for path in glob.glob(os.path.join(os.environ["HOME"], "**", "*.py"), recursive=True):
-    with open(path, "a") as handle:
-        handle.write(f"\\nprint({marker!r})\\n")
-"""
-
-CLEAN = "import torch\n\nprint(torch.ones(2).sum().item())\n"
-
-
-def warm_pair(tmp_path: Path, first: str) -> tuple[object, object]:
-    """Run `first`, then a clean file, through one warm session; both reports."""
-    from torchls.probe import ReproOptions, ReproSession
-    from torchls.probe.prepare import prepare
-
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "first.py").write_text(first)
-    (project / "clean.py").write_text(CLEAN)
-    options = ReproOptions(python=sys.executable, timeout_s=30.0)
-    session = ReproSession()
-    try:
-        session.prewarm_prepared(prepare(project / "first.py", options), wait=True)
-        before = session.run(project / "first.py", options)
-        assert before.data["timing"]["runner"] == "warm"
-        return before, session.run(project / "clean.py", options)
-    finally:
-        session.close()
-
-
-READ_HOME = """\
-import sys
-
-for path in sys.argv[1:]:
-    try:
-        with open(path) as handle:
-            print("READ", path, handle.read())
-    except OSError as error:
-        print("REFUSED", path, error.errno)
-"""
-
-
-FILL = textwrap.dedent(
-    """\
-    import os
-
-    chunk = b"x" * (1 << 20)
-    written = 0
-    for folder in (os.environ["HOME"], "/tmp", "/var/tmp", "/dev/shm"):
-        for number in range(32):
-            try:
-                with open(os.path.join(folder, f"fill-{number}.bin"), "wb") as handle:
-                    for _ in range(2):
-                        handle.write(chunk)
-                        written += len(chunk)
-            except OSError:
-                break
-    print("WRITTEN", written)
-    """
-)
