@@ -364,8 +364,7 @@ def run_server(args: argparse.Namespace) -> int:
     # Imported lazily: pygls is heavy and `check` must not pay for it.
     from torchls.lsp import start_stdio
 
-    start_stdio()
-    return EXIT_CLEAN
+    return start_stdio()
 
 
 # --- helpers ---------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import logging
 import sys
 
 from torchls.lsp.server import TorchLanguageServer
+from torchls.lsp.transport import serve
 
 __all__ = ["TorchLanguageServer", "create_server", "start_stdio"]
 
@@ -39,8 +40,8 @@ def create_server() -> TorchLanguageServer:
     return server
 
 
-def start_stdio() -> None:
-    """Serve LSP on stdin/stdout until the client says exit."""
+def start_stdio() -> int:
+    """Serve LSP on stdin/stdout until the client says exit; the process exit status."""
     logging.basicConfig(
         stream=sys.stderr,
         level=logging.WARNING,
@@ -52,4 +53,4 @@ def start_stdio() -> None:
     # Anything else that prints (a rule, a library) must not corrupt the protocol stream.
     sys.stdout = sys.stderr
     server = create_server()
-    server.start_io(sys.stdin.buffer, protocol_out)
+    return serve(server, sys.stdin.buffer, protocol_out)

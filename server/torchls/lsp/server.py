@@ -37,6 +37,7 @@ from torchls.config import ConfigError, ProjectConfig, load_config
 from torchls.lsp.positions import UTF16, LineIndex
 from torchls.lsp.repro_state import ReproStore
 from torchls.lsp.settings import Settings
+from torchls.lsp.transport import TorchProtocol
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +143,7 @@ class TorchLanguageServer(LanguageServer):
     """A `LanguageServer` that knows torchls settings and keeps per-document state."""
 
     def __init__(self) -> None:
-        super().__init__("torchls", __version__)
+        super().__init__("torchls", __version__, protocol_cls=TorchProtocol)
         self.settings = Settings()
         self.settings_generation = 0
         self.settings_ready = asyncio.Event()
