@@ -77,6 +77,27 @@ def test_columns_count_code_points_not_bytes() -> None:
     assert finding.span.end.column - finding.span.start.column == len("probs")
 
 
+def test_nul_character_in_editor_text_only_costs_its_line() -> None:
+    """Python refuses a whole text with a NUL in it; an editor buffer can hold one (a pasted
+    binary snippet). Only that line is lost, and the problem names it."""
+    source = "import torch\nx = '\x00'\n" + BUGGY_TAIL
+    result = analyze(source)
+    assert [f.code for f in result.findings] == ["TL101"]
+    assert [(p.row, p.column) for p in result.syntax_errors] == [(2, 5)]
+
+
+def test_byte_order_mark_in_editor_text_keeps_findings_and_columns() -> None:
+    """A buffer starting with U+FEFF: Python rejects the character in a str, so the first
+    line (usually an import) used to be blanked and the findings that need it were lost."""
+    line = "import torch.nn.functional as F; loss = F.cross_entropy(F.softmax(x, dim=1), y)"
+    plain = analyze(line + "\n").findings
+    marked = analyze("\ufeff" + line + "\n").findings
+    assert [f.code for f in marked] == [f.code for f in plain] == ["TL101"]
+    start, end = marked[0].span.start.column, marked[0].span.end.column
+    assert ("\ufeff" + line)[start:end] == "F.softmax(x, dim=1)"
+    assert analyze("\ufeff" + BUGGY_TAIL).findings[0].span.start.row == 4
+
+
 def test_crlf_line_endings() -> None:
     finding = analyze(BUGGY_TAIL.replace("\n", "\r\n")).findings[0]
     assert (finding.span.start.row, finding.span.start.column) == (4, 27)

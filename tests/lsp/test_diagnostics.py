@@ -131,8 +131,11 @@ async def test_broken_input_does_not_take_the_server_down(client: RecordingClien
     assert await diagnostics_of(client, binary, since) == []
     assert await diagnostics_of(client, nested, since) == []
 
+    # What could not be analysed says so (an empty list would read as "no bugs").
     huge = open_doc(client, tmp_path / "huge.py", ("x = 1  # " + "#" * 990 + "\n") * 5100)
-    assert await diagnostics_of(client, huge, since) == []
+    [note] = await diagnostics_of(client, huge, since)
+    assert note.severity == types.DiagnosticSeverity.Information
+    assert "not analysed: larger than 5000000 characters" in note.message
 
     healthy = open_doc(client, tmp_path / "train.py", TRAIN)
     assert codes(await diagnostics_of(client, healthy, since)) == ["TL101"]

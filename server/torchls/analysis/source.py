@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from torchls.analysis.findings import Span
 
 MAX_RECOVERY_ATTEMPTS = 25
+BOM = "\ufeff"
 _CODING_RE = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
 
 
@@ -68,6 +69,8 @@ class ParsedSource:
         line = self.lines[row - 1]
         if line.isascii():
             return utf8_offset
+        if row == 1 and utf8_offset and line.startswith(BOM):
+            utf8_offset += len(BOM.encode("utf-8")) - 1  # parsed as a one-byte form feed
         return len(line.encode("utf-8")[:utf8_offset].decode("utf-8", errors="ignore"))
 
     def span(self, node: ast.AST, end_node: ast.AST | None = None) -> Span:
@@ -125,6 +128,18 @@ def parse_source(text: str) -> ParsedSource:
     working = list(lines)
     blanked: set[int] = set()
     problems: list[SyntaxProblem] = []
+    if working and working[0].startswith(BOM):
+        # An editor buffer may keep the byte-order mark, which Python accepts only in bytes.
+        # A form feed has the same length and is ignored at the start of a line.
+        working[0] = "\f" + working[0][1:]
+    for row, line in enumerate(working, start=1):
+        # Python refuses a whole text with a NUL anywhere (and says neither where nor why
+        # in a way we can recover from); blank those lines alone.
+        if "\x00" in line:
+            if not problems:
+                problems.append(SyntaxProblem(row, line.index("\x00"), "NUL character in source"))
+            working[row - 1] = _blank(line.replace("\x00", ""), line.rstrip().endswith(":"))
+            blanked.add(row)
     for _ in range(MAX_RECOVERY_ATTEMPTS):
         try:
             tree = _quiet_parse("\n".join(working))

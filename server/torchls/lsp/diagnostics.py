@@ -74,21 +74,28 @@ def _related_location(
     )
 
 
+def _note(message: str) -> types.Diagnostic:
+    """An information diagnostic at the top of the file, about the analysis itself."""
+    return types.Diagnostic(
+        range=types.Range(types.Position(0, 0), types.Position(0, 0)),
+        message=message,
+        severity=types.DiagnosticSeverity.Information,
+        source=SOURCE,
+    )
+
+
 def to_diagnostics(
     server: TorchLanguageServer, outcome: Outcome, related_support: bool
 ) -> list[types.Diagnostic]:
     """The LSP diagnostics for one analysis outcome, in the snapshot's coordinates."""
     diagnostics = []
+    if outcome.error:
+        # A file torchls could not analyse (too large, not text, an internal error) must not
+        # look like a clean one.
+        diagnostics.append(_note(f"torchls: not analysed: {outcome.error}"))
     if outcome.stopped_early:
         # Silence would read as "no bugs"; say that part of the file went unchecked.
-        diagnostics.append(
-            types.Diagnostic(
-                range=types.Range(types.Position(0, 0), types.Position(0, 0)),
-                message=f"torchls: {outcome.stopped_early}",
-                severity=types.DiagnosticSeverity.Information,
-                source=SOURCE,
-            )
-        )
+        diagnostics.append(_note(f"torchls: {outcome.stopped_early}"))
     if not outcome.findings:
         return diagnostics
     snapshot = outcome.snapshot
