@@ -4,6 +4,11 @@ In: the limits the server chose. Out: what held, as a dict for the report. Used 
 worker, whose children are forked rather than started by the server (a cold run gets the same
 limits from the server before exec). After `fork()` the child is single-threaded, which is what
 `unshare(2)` with CLONE_NEWUSER requires; Python 3.11 has no `os.unshare`, hence ctypes.
+
+A new user namespace gives the child every capability inside it. Left to the run's code, they
+would let it mount a tmpfs of its own (memory outside every limit) once it maps its user ID into
+the namespace, which a non-root user may; so they are all dropped before any user code runs,
+and the namespace stays unmapped (no nested namespace can be given a mapping either).
 """
 
 from __future__ import annotations
@@ -21,6 +26,22 @@ CLONE_NEWPID = 0x20000000
 CLONE_NEWUSER = 0x10000000
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+PR_CAPBSET_DROP = 24
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+CAPABILITY_VERSION_3 = 0x20080522
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
 
 
 def _libc() -> Any:
@@ -78,5 +99,23 @@ def new_namespaces(network: bool) -> dict[str, bool]:
     wanted = CLONE_NEWPID | (CLONE_NEWNET if network else 0)
     for flags in (wanted, wanted | CLONE_NEWUSER, CLONE_NEWPID | CLONE_NEWUSER, CLONE_NEWPID):
         if libc.unshare(flags) == 0:
-            return {"pid_namespace": True, "network": bool(flags & CLONE_NEWNET)}
+            held = {"pid_namespace": True, "network": bool(flags & CLONE_NEWNET)}
+            if flags & CLONE_NEWUSER:
+                held["capabilities_dropped"] = drop_capabilities()
+            return held
     return {"pid_namespace": False, "network": False}
+
+
+def drop_capabilities() -> bool:
+    """Give up every capability (bounding, ambient, effective, permitted, inheritable) for this
+    process and all it starts. True when none is left."""
+    libc = _libc()
+    if libc is None:
+        return False
+    for capability in range(64):
+        if libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) != 0:
+            break  # past the last capability this kernel knows
+    libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    header = _CapHeader(CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    return libc.capset(ctypes.byref(header), data) == 0

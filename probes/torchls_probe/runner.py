@@ -313,11 +313,12 @@ def _write(
     if request.out is None:
         sys.__stdout__.write(text + "\n")
         return 0
-    partial = request.out + ".part"
+    # In place, not through a rename: inside bubblewrap the server binds this one file (not its
+    # folder) into the sandbox, and a mount point cannot be replaced. A report cut short by a
+    # kill is invalid JSON, which the server treats as no report.
     try:
-        with open(partial, "w", encoding="utf-8") as handle:
+        with open(request.out, "w", encoding="utf-8") as handle:
             handle.write(text)
-        os.replace(partial, request.out)
     except OSError:
         return 3
     return 0

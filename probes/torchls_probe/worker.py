@@ -1,21 +1,37 @@
-"""`python -m torchls_probe.worker`: a warm parent that forks one fresh child per repro.
+"""`python -m torchls_probe.worker --scratch DIR --results DIR [--wipe DIR]...`: a warm parent
+that forks one fresh child per repro.
 
-In: JSON lines on stdin — `{"op": "run", "id", "request", "limits", "deadline_s", "network"}`,
-`{"op": "cancel", "id"}`, `{"op": "exit"}`. Out: JSON lines on stdout — `ready` (once torch is
-imported and warmed up), `started`, the child's `progress` and `child` (isolation) events, and
-`exit` with the child's status. The parent sets `torch.set_num_threads(1)` before any torch op:
-a fork after OpenMP started its pool deadlocks the child's first parallel op (measured here);
-the child restores the thread count a fresh interpreter would have had.
+In: JSON lines on stdin — `{"op": "run", "id", "request", "limits", "deadline_s", "network",
+"report_limit", "output_head", "output_tail"}`, `{"op": "cancel", "id"}`, `{"op": "exit"}`. Out:
+JSON lines on stdout — `ready` (once torch and every probe module are loaded), `started`, the
+child's `progress` and `child` (isolation) events, and `exit` with the child's status, its report
+(text, or why it was refused) and output, and `dirty` when what the run left could not all be
+removed. The parent sets `torch.set_num_threads(1)` before any torch op: a fork after OpenMP
+started its pool deadlocks the child's first parallel op (measured here); the child restores the
+thread count a fresh interpreter would have had.
+
+Between runs: each run gets its own new folder under `--scratch` (its HOME and TMPDIR) and one
+under `--results` (its report and output: a tmpfs of its own under bubblewrap, so that code
+filling its HOME does not lose its report), both with unpredictable names; afterwards the parent
+reads the results back without trusting them (runfiles.py) and empties the scratch, the results
+and every `--wipe` folder (the sandbox's private /tmp, /var/tmp, /dev/shm), so no run sees, or
+is crowded out by, what an earlier one left. Every probe module is imported before the first
+fork, so a run that rewrites the probe's files (possible without bubblewrap's read-only mount)
+changes nothing in later runs.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import importlib
 import json
 import os
+import pkgutil
 import select
 import signal
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -23,8 +39,12 @@ _OUT = 1  # protocol channel; written with os.write only, so nothing buffered cr
 
 
 def send(message: dict[str, Any]) -> None:
-    data = (json.dumps(message, separators=(",", ":")) + "\n").encode("utf-8")
-    os.write(_OUT, data)
+    # The leading newline ends any unterminated line a run's child wrote on the shared channel,
+    # so that this message is read on its own.
+    data = ("\n" + json.dumps(message, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+    view = memoryview(data)
+    while view:
+        view = view[os.write(_OUT, view) :]
 
 
 def warm_up() -> dict[str, Any]:
@@ -42,6 +62,7 @@ def warm_up() -> dict[str, Any]:
     from torchls_probe.progress import Progress
     from torchls_probe.tracer import Trace, Tracer
 
+    _load_every_probe_module()
     user = UserCode([], [], [])
     trace = Trace(user, 8, 8, 8)
     hooks = Hooks(trace, Roots(user), 1000, 1000, Progress(None))
@@ -60,6 +81,15 @@ def warm_up() -> dict[str, Any]:
     return {"threads": threads, "cuda": cuda, "mps": mps, "torch": torch.__version__}
 
 
+def _load_every_probe_module() -> None:
+    """Children are forked from here: modules loaded now are never read from disk again."""
+    import torchls_probe
+
+    for module in pkgutil.iter_modules(torchls_probe.__path__):
+        if module.name not in ("__main__", "worker"):
+            importlib.import_module(f"torchls_probe.{module.name}")
+
+
 def child_main(message: dict[str, Any], threads: int, channel: int) -> int:
     """In the forked child: isolate, then run the probe exactly as a cold run would."""
     started = time.monotonic()
@@ -69,6 +99,9 @@ def child_main(message: dict[str, Any], threads: int, channel: int) -> int:
 
     os.setsid()
     isolation.die_with_parent()
+    folder = message["folder"]
+    os.environ["HOME"] = os.environ["TMPDIR"] = folder
+    tempfile.tempdir = folder
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
@@ -95,10 +128,19 @@ def child_main(message: dict[str, Any], threads: int, channel: int) -> int:
 
 
 class Worker:
-    def __init__(self, info: dict[str, Any]) -> None:
+    def __init__(self, info: dict[str, Any], scratch: str, results: str, wipe: list[str]) -> None:
+        from torchls_probe.runfiles import Shared
+
         self.info = info
+        self.scratch = scratch
+        self.results = results
+        self.shared = []
+        for folder in dict.fromkeys([scratch, results, *wipe]):
+            with contextlib.suppress(OSError):  # a folder this system lacks
+                self.shared.append(Shared(folder))
         self.child: int | None = None
         self.child_id: Any = None
+        self.message: dict[str, Any] = {}
         self.deadline = 0.0
         self.started = 0.0
         self.killed_for: str | None = None
@@ -134,6 +176,16 @@ class Worker:
         if self.child is not None:
             send({"event": "exit", "id": message.get("id"), "error": "busy"})
             return
+        try:
+            folder = tempfile.mkdtemp(prefix="run-", dir=self.scratch)
+            results = tempfile.mkdtemp(prefix="run-", dir=self.results)
+        except OSError as error:
+            send({"event": "exit", "id": message.get("id"), "error": f"no run folder: {error}"})
+            return
+        request = dict(message.get("request") or {})
+        request["out"] = os.path.join(results, "report.json")
+        request["output_file"] = os.path.join(results, "output.txt")
+        message = {**message, "request": request, "folder": folder, "results": results}
         channel = os.dup(_OUT)
         pid = os.fork()
         if pid == 0:
@@ -145,6 +197,7 @@ class Worker:
             finally:
                 os._exit(code)
         os.close(channel)
+        self.message = message
         self.child, self.child_id = pid, message.get("id")
         self.started = time.monotonic()
         self.deadline = self.started + float(message.get("deadline_s", 60.0))
@@ -167,17 +220,38 @@ class Worker:
         if status is None or self.child is None:
             return
         self._drain(self.child)
+        wall = round(time.monotonic() - self.started, 4)
+        left = self._collect_files()
         send(
             {
                 "event": "exit",
                 "id": self.child_id,
                 "returncode": os.waitstatus_to_exitcode(status),
                 "killed_for": self.killed_for,
-                "wall_s": round(time.monotonic() - self.started, 4),
+                "wall_s": wall,
+                **left,
             }
         )
         self.child = None
         self.child_id = None
+
+    def _collect_files(self) -> dict[str, Any]:
+        """The run's report and output, then a clean slate for the next run."""
+        from torchls_probe.runfiles import read_output, read_report, remove_tree
+
+        message, results = self.message, self.message["results"]
+        report, problem = read_report(
+            os.path.join(results, "report.json"), int(message.get("report_limit", 16 << 20))
+        )
+        output = read_output(
+            os.path.join(results, "output.txt"),
+            int(message.get("output_head", 4096)),
+            int(message.get("output_tail", 4096)),
+        )
+        remove_tree(results)
+        remove_tree(message["folder"])
+        clean = all([shared.clear() for shared in self.shared])
+        return {"report": report, "report_problem": problem, "output": output, "dirty": not clean}
 
     def _collect(self) -> int | None:
         """Reap every finished descendant (we are their subreaper); the run's child's status."""
@@ -205,7 +279,12 @@ class Worker:
             time.sleep(0.005)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m torchls_probe.worker")
+    parser.add_argument("--scratch", required=True, help="folder for the runs' own folders")
+    parser.add_argument("--results", required=True, help="folder for the runs' reports")
+    parser.add_argument("--wipe", action="append", default=[], help="emptied after each run")
+    args = parser.parse_args(argv)
     try:
         info = warm_up()
     except BaseException as error:
@@ -215,7 +294,7 @@ def main() -> int:
 
     become_subreaper()
     send({"event": "ready", "pid": os.getpid(), **info})
-    Worker(info).serve()
+    Worker(info, args.scratch, args.results, args.wipe).serve()
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import sys
 import threading
+import time
 
 import pytest
 
@@ -84,3 +85,24 @@ def test_warm_cancel_kills_the_child_and_keeps_the_worker(warm_session, warm_rep
         warm_session.run(path, options, on_progress=on_progress, cancel_event=cancel)
     report, _ = warm_repro(cases.CLEAN, name="after_cancel.py")
     assert report.findings == []
+
+
+def test_closing_a_session_while_its_worker_starts_leaves_nothing(tmp_path, monkeypatch):
+    """The editor can shut down while the first repro's warm worker is still importing torch;
+    the worker (its folder and processes) used to be left behind, unseen by close()."""
+    import tempfile
+
+    from torchls.probe import ReproSession
+    from torchls.probe.prepare import prepare
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    (tmp_path / "train.py").write_text(cases.CLEAN)
+    session = ReproSession()
+    session.prewarm_prepared(prepare(tmp_path / "train.py", ReproOptions(python=sys.executable)))
+    for _ in range(600):  # a safety net of 30 s, not a timing assertion
+        if list(tmp_path.glob("torchls-repro-*")):
+            break  # the worker exists and is starting
+        time.sleep(0.05)
+    session.close()
+    assert not list(tmp_path.glob("torchls-repro-*"))
+    assert leftovers(str(tmp_path)) == []

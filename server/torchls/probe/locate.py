@@ -1,10 +1,11 @@
 """Finding the two things a run needs on disk: the probe package and the user's interpreter.
 
-In: the options and the target file. Out: a private copy of the `torchls_probe` package to put on
-the child's PYTHONPATH, so that `python -m torchls_probe` works in an interpreter that does not
-have torchls installed (copied, because the folder torchls is installed in also holds torchls's
-own dependencies, which must not shadow the user's), and the interpreter to run (the `--python`
-option, else the project's own virtual environment, else the one running torchls).
+In: the options and the target file. Out: the `torchls_probe` package folder, which each run gets
+a private read-only copy of on its PYTHONPATH (scratch.py), so that `python -m torchls_probe`
+works in an interpreter that does not have torchls installed (copied, because the folder torchls
+is installed in also holds torchls's own dependencies, which must not shadow the user's), and the
+interpreter to run (the `--python` option, else the project's own virtual environment, else the
+one running torchls).
 """
 
 from __future__ import annotations
@@ -28,13 +29,6 @@ def probe_package() -> Path:
     if (checkout / "__main__.py").is_file():
         return checkout
     raise ReproUsageError("the torchls_probe package is missing from this torchls installation")
-
-
-def stage_probe(package: Path, scratch: Path) -> Path:
-    """Copy the probe package into `scratch/lib`; returns the folder for PYTHONPATH."""
-    lib = scratch / "lib"
-    shutil.copytree(package, lib / "torchls_probe", ignore=shutil.ignore_patterns("__pycache__"))
-    return lib
 
 
 def find_python(explicit: str | None, root: Path) -> Path:

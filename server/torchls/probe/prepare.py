@@ -1,20 +1,21 @@
 """Everything decided before a child starts: paths, interpreter, spec, the probe request.
 
 In: the target path and `ReproOptions`. Out: a `Prepared` run (the JSON request the probe will
-read, the interpreter, the folders the sandbox must keep readable) or `ReproUsageError`. Shared by
+read, the interpreter, the folders the sandbox must keep readable) or `ReproUsageError`, also on
+a platform the probe does not support (Windows). Shared by
 the cold runner and the warm worker so that both run exactly the same request.
 """
 
 from __future__ import annotations
 
 import shlex
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torchls.probe.locate import find_python, probe_package
 from torchls.probe.options import ReproOptions, ReproUsageError, Resolved, resolve_options
+from torchls.probe.sandbox import ensure_supported
 from torchls.probe.spec import ReproSpec, SpecError, load_spec
 
 
@@ -23,14 +24,15 @@ class Prepared:
     file: Path
     root: Path
     python: Path
-    probe_package: Path  # staged into each run's (or worker's) scratch folder
+    probe_package: Path  # staged, read-only, into each run's (or worker's) RunFolder
     resolved: Resolved
     spec: ReproSpec | None
     read_paths: tuple[Path, ...]
     command: str
 
-    def request(self, scratch: Path) -> dict[str, Any]:
-        """The probe's JSON request for one run writing into `scratch`."""
+    def request(self, report: Path | None, output: Path | None) -> dict[str, Any]:
+        """The probe's JSON request for one run writing its report and output to these files
+        (None: the warm worker picks them in the run's own folder)."""
         r = self.resolved
         spec = self.spec
         return {
@@ -52,13 +54,14 @@ class Prepared:
             "memory_mb": r.memory_mb,
             "output_cap_bytes": r.options.output_cap_bytes,
             "report_cap_bytes": r.options.report_cap_bytes,
-            "out": str(scratch / "report.json"),
-            "output_file": str(scratch / "output.txt"),
+            "out": str(report) if report is not None else None,
+            "output_file": str(output) if output is not None else None,
             "command": self.command,
         }
 
 
 def prepare(path: str | Path, options: ReproOptions | None) -> Prepared:
+    ensure_supported()
     options = options or ReproOptions()
     file = Path(path).expanduser().absolute()
     if not file.is_file():
@@ -84,11 +87,6 @@ def prepare(path: str | Path, options: ReproOptions | None) -> Prepared:
                 reads.append(target.absolute().parent)
     command = options.command or _command(file, options)
     return Prepared(file, root, python, probe_package(), resolved, spec, tuple(reads), command)
-
-
-def new_scratch() -> Path:
-    """A private, empty folder for one run (or one warm worker); the caller removes it."""
-    return Path(tempfile.mkdtemp(prefix="torchls-repro-")).resolve()
 
 
 def _command(file: Path, options: ReproOptions) -> str:

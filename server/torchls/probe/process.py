@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from torchls.probe.cgroup import PidsCgroup
+from torchls.probe.scratch import read_tail
 
 POLL_S = 0.05
 
@@ -110,7 +111,7 @@ def _deliver(buffer: bytes, on_message: Callable[[dict[str, Any]], None]) -> byt
     for line in lines:
         try:
             message = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # the child may write anything here
             continue
         if isinstance(message, dict):
             on_message(message)
@@ -119,11 +120,9 @@ def _deliver(buffer: bytes, on_message: Callable[[dict[str, Any]], None]) -> byt
 
 
 def _tail(path: Path, limit: int) -> str:
+    """The end of the child's stderr. The file lies in a folder the child may write (without
+    bubblewrap): never follow a link, never block on a FIFO, never read more than `limit`."""
     try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - limit))
-            return handle.read().decode("utf-8", "replace")
+        return read_tail(path, limit).decode("utf-8", "replace")
     except OSError:
         return ""

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torchls.probe.scratch import Unreadable, read_regular
+
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "error", "timeout", "memory", "crashed")
 
@@ -101,14 +103,36 @@ class ReproReport:
 
 
 def read_probe_report(path: Path, limit: int) -> dict[str, Any] | None:
-    """The probe's report, or None when it is missing, oversized or not a JSON object."""
+    """The probe's report, or None when it is missing, refused, oversized or not an object."""
+    return load_probe_report(path, limit)[0]
+
+
+def load_probe_report(path: Path, limit: int) -> tuple[dict[str, Any] | None, str | None]:
+    """(the report, None), or (None, why it cannot be used); (None, None) when the probe wrote
+    nothing. The file lies in a folder the run's code can write: it is read with `read_regular`
+    (no link followed, no FIFO opened, at most `limit` bytes)."""
     try:
-        if path.stat().st_size > limit:
-            return None
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+        text = read_regular(path, limit)
+    except Unreadable as error:
+        return None, str(error.strerror)
+    except FileNotFoundError:
+        return None, None
+    except OSError as error:
+        return None, f"{path.name} cannot be read: {error.strerror}"
+    return parse_probe_report(text)
+
+
+def parse_probe_report(text: bytes | str | None) -> tuple[dict[str, Any] | None, str | None]:
+    """The report in `text`, or (None, why not); empty or None means no report at all."""
+    if not text:
+        return None, None
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return None, "report.json is not valid JSON (cut short, or not written by the probe)"
+    if not isinstance(data, dict):
+        return None, "report.json is not a JSON object"
+    return data, None
 
 
 def synthesize(

@@ -2,14 +2,13 @@
 
 In: a target file, `ReproOptions`, an optional progress callback and cancel event. Out: a
 `ReproReport` (always, whatever the child did), `ReproUsageError` when the request cannot be run,
-`ReproCancelled` once a cancelled run's processes are gone. Scratch folders are removed
-afterwards; the user's files are only ever read.
+`ReproCancelled` once a cancelled run's processes are gone. The run's folder (scratch.py) is
+removed afterwards; the user's files are only ever read, and what the run left behind is read
+back without trusting it (no link followed, no FIFO opened, bounded sizes).
 """
 
 from __future__ import annotations
 
-import json
-import shutil
 import signal
 import threading
 import time
@@ -18,12 +17,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from torchls.probe.locate import stage_probe
 from torchls.probe.options import ReproOptions
-from torchls.probe.prepare import Prepared, new_scratch, prepare
+from torchls.probe.prepare import Prepared, prepare
 from torchls.probe.process import Ended, supervise
-from torchls.probe.report import ReproReport, read_probe_report, synthesize
+from torchls.probe.report import ReproReport, load_probe_report, synthesize
 from torchls.probe.sandbox import Layer, limits_for, plan
+from torchls.probe.scratch import RunFolder, Unreadable, read_head_tail
 
 # Beyond the probe's own alarm: time to write a partial report before the hard kill.
 KILL_GRACE_S = 3.0
@@ -67,11 +66,11 @@ def run_cold(
     cancel_event: threading.Event | None,
 ) -> ReproReport:
     started = time.monotonic()
-    scratch = new_scratch()
+    folder = RunFolder.create(prepared.probe_package, cold=True)
     try:
-        report = _run_in(prepared, scratch, started, on_progress, cancel_event)
+        report = _run_in(prepared, folder, started, on_progress, cancel_event)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        folder.remove()
     report.data["timing"]["server_wall_s"] = round(time.monotonic() - started, 4)
     notify(on_progress, ProgressEvent("done", f"done: {report.status}"))
     return report
@@ -79,7 +78,7 @@ def run_cold(
 
 def _run_in(
     prepared: Prepared,
-    scratch: Path,
+    folder: RunFolder,
     started: float,
     on_progress: ProgressCallback | None,
     cancel_event: threading.Event | None,
@@ -88,26 +87,27 @@ def _run_in(
     limits = limits_for(
         r.memory_mb, r.timeout_s, r.options.file_size_mb, r.options.max_processes, r.device
     )
+    request = prepared.request(folder.report, folder.output)
+    folder.seal(request)
     launch = plan(
         python=prepared.python,
-        probe_dir=stage_probe(prepared.probe_package, scratch),
-        scratch=scratch,
+        probe_dir=folder.probe,
+        scratch=folder.home,
         cwd=prepared.root,
         read_paths=list(prepared.read_paths),
         limits=limits,
         mode=r.options.sandbox,
         extra_env=r.options.pass_env,
+        outputs=(folder.report, folder.output),
     )
     try:
-        request = prepared.request(scratch)
-        (scratch / "request.json").write_text(json.dumps(request), encoding="utf-8")
         argv = [
             *launch.argv_prefix,
             str(prepared.python),
             "-m",
             "torchls_probe",
             "--request",
-            str(scratch / "request.json"),
+            str(folder.request_file),
             "--progress",
             "stdout",
         ]
@@ -120,7 +120,7 @@ def _run_in(
             deadline=started + r.timeout_s + KILL_GRACE_S,
             cancel=cancel_event,
             on_message=lambda message: forward_progress(message, on_progress),
-            stderr_path=scratch / "stderr.txt",
+            stderr_path=folder.stderr,
             cgroup=launch.cgroup,
         )
         if ended.killed_for == "cancel":
@@ -129,9 +129,27 @@ def _run_in(
             # bubblewrap reports a child killed by signal N as exit status 128 + N.
             ended = replace(ended, returncode=128 - ended.returncode)
         layers = [*launch.layers, wall_clock_layer(r.timeout_s)]
-        return finish(prepared, request, scratch, ended, layers, launch.warnings, "cold")
+        left = collect(folder)
+        return finish(prepared, request, left, ended, layers, launch.warnings, "cold")
     finally:
         launch.close()
+
+
+@dataclass(frozen=True)
+class Left:
+    """What a run left for the server: the probe's report, or why there is none, and the
+    user's output (`bytes`, `head`, `tail`, `truncated`, and a `note` when unreadable)."""
+
+    report: dict[str, Any] | None
+    problem: str | None
+    output: dict[str, Any]
+
+
+def collect(folder: RunFolder) -> Left:
+    """Read back a cold run's report and output; both lie where the run could write (without
+    bubblewrap, anything; with it, their contents), so neither is trusted to be a small file."""
+    data, problem = load_probe_report(folder.report, REPORT_READ_LIMIT)
+    return Left(data, problem, _output(folder.output))
 
 
 def notify(callback: ProgressCallback | None, event: ProgressEvent) -> None:
@@ -160,20 +178,20 @@ def wall_clock_layer(timeout_s: float) -> Layer:
 def finish(
     prepared: Prepared,
     request: dict[str, Any],
-    scratch: Path,
+    left: Left,
     ended: Ended,
     layers: list[Layer],
     warnings: list[str],
     runner: str,
 ) -> ReproReport:
     """The final report: the probe's (or a synthesised one) plus sandbox, output and timing."""
-    data = read_probe_report(scratch / "report.json", REPORT_READ_LIMIT)
+    data = left.report
     if data is None:
-        data = _without_report(prepared, request, ended)
+        data = _without_report(prepared, request, ended, left.problem)
     elif ended.killed_for == "deadline":
         data.setdefault("notes", []).append("the process was killed at the deadline")
-    output = _output(scratch / "output.txt")
-    if output["bytes"] > request["output_cap_bytes"]:
+    output = dict(left.output)
+    if output["bytes"] > request["output_cap_bytes"] and "note" not in output:
         output["note"] = "output past the cap bypassed Python (a C library or os.write)"
     sandbox = {
         "layers": [layer.to_json() for layer in layers],
@@ -195,7 +213,9 @@ def finish(
     return ReproReport(final)
 
 
-def _without_report(prepared: Prepared, request: dict[str, Any], ended: Ended) -> dict[str, Any]:
+def _without_report(
+    prepared: Prepared, request: dict[str, Any], ended: Ended, problem: str | None
+) -> dict[str, Any]:
     file = str(prepared.file)
     timeout = request["timeout_s"]
     if ended.killed_for == "deadline":
@@ -226,6 +246,8 @@ def _without_report(prepared: Prepared, request: dict[str, Any], ended: Ended) -
             " (the out-of-memory killer or the CPU-time limit?)" if -code == signal.SIGKILL else ""
         )
         message = f"the interpreter was killed by {name}{why} before it wrote a report"
+    elif problem is not None:
+        message = f"the probe exited with status {code} and its report was refused: {problem}"
     else:
         message = f"the probe exited with status {code} without a report: {last or 'no output'}"
     data = synthesize(
@@ -236,6 +258,8 @@ def _without_report(prepared: Prepared, request: dict[str, Any], ended: Ended) -
         message=message,
         request=request,
     )
+    if problem is not None:
+        data["notes"].append(f"report refused: {problem}")
     data["notes"].append(f"stderr: {ended.stderr[-2000:]}" if ended.stderr else "stderr: empty")
     return data
 
@@ -250,14 +274,9 @@ def _signal_name(number: int) -> str:
 def _output(path: Path) -> dict[str, Any]:
     """The user's stdout+stderr: total size, and the head and tail as text."""
     try:
-        with open(path, "rb") as handle:
-            head = handle.read(OUTPUT_HEAD)
-            handle.seek(0, 2)
-            size = handle.tell()
-            tail = b""
-            if size > OUTPUT_HEAD:
-                handle.seek(max(OUTPUT_HEAD, size - OUTPUT_TAIL))
-                tail = handle.read()
+        size, head, tail = read_head_tail(path, OUTPUT_HEAD, OUTPUT_TAIL)
+    except Unreadable as error:
+        return {"bytes": 0, "head": "", "tail": "", "truncated": False, "note": error.strerror}
     except OSError:
         return {"bytes": 0, "head": "", "tail": "", "truncated": False}
     return {

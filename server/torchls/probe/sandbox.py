@@ -1,20 +1,29 @@
 """The sandbox around a repro: which isolation layers exist here, and how to start a child in them.
 
-In: the interpreter, the probe folder, the run's scratch folder, the paths the run must read and
-the limits. Out: a `Launch` (argv prefix, environment, a preexec function applying rlimits and the
-pids cgroup) plus the list of `Layer`s with whether each one holds, for the report. Layers:
+In: the interpreter, the probe folder, the run's scratch folder, the paths the run must read, the
+files it may write and the limits. Out: a `Launch` (argv prefix, environment, a preexec function
+applying rlimits and the pids cgroup) plus the list of `Layer`s with whether each one holds, for
+the report. Layers:
 
-- bubblewrap (when installed and working): no network, read-only view of `/` with `/tmp`,
-  `/var/tmp` and `/run` replaced by empty tmpfs (host sockets and temp files are out of sight),
-  the scratch folder as the only writable place, a PID namespace (killing bwrap kills every
-  descendant), all capabilities dropped (as root, bwrap alone would let the child remount `/`
+- bubblewrap (when installed and working): no network; a read-only view of `/` in which the
+  user's home folders (`$HOME`, and as root `/root` and `/home`) and `/run` are empty read-only
+  folders and `/dev` is read-only; the only writable places are private, size-limited tmpfs
+  (the scratch folder, `/tmp`, `/var/tmp`, `/dev/shm`: `tmpfs_mb` each) and the report and
+  output files bound one by one (RLIMIT_FSIZE each); what the run needs from a hidden folder
+  (the project, the interpreter and its venv, `.pth` entries, toolkit folders named in the
+  environment, the probe) is bound back read-only; a PID namespace (killing bwrap kills every
+  descendant); all capabilities dropped (as root, bwrap alone would let the child remount `/`
   read-write: measured here).
 - everywhere: own session/process group, wall-clock kill (process.py), RLIMIT_AS (RLIMIT_DATA
   on CUDA, whose address-space reservations RLIMIT_AS breaks), RLIMIT_CPU, RLIMIT_FSIZE,
   RLIMIT_NPROC (not binding on root, so a pids cgroup where allowed), no core files, a minimal
   environment without secret-looking variables, capped output.
 - without bubblewrap: a private network namespace via unshare(2) where permitted, and death of
-  the child with its parent; the filesystem and PID layers are then reported as not held.
+  the child with its parent; the filesystem, home, disk and PID layers are then reported as not
+  held.
+
+The probe needs POSIX rlimits, process groups and fork: `ensure_supported` turns their absence
+(Windows) into a `ReproUsageError` instead of an import error.
 """
 
 from __future__ import annotations
@@ -24,24 +33,59 @@ import ctypes
 import functools
 import os
 import re
-import resource
 import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchls.probe.cgroup import PidsCgroup
 from torchls.probe.options import ReproUsageError
 
+try:
+    import resource
+except ImportError:  # Windows: ensure_supported() says so before anything needs it
+    resource = None  # type: ignore[assignment]
+
 CLONE_NEWNET = 0x40000000
 CLONE_NEWUSER = 0x10000000
 PR_SET_PDEATHSIG = 1
 
-# Folders hidden behind an empty tmpfs inside bubblewrap; paths the run needs are bound back.
-HIDDEN_DIRS = ("/tmp", "/var/tmp", "/run")
+# Inside bubblewrap: private size-limited tmpfs (writable), and empty read-only folders.
+PRIVATE_DIRS = ("/tmp", "/var/tmp")
+EMPTY_DIRS = ("/run",)
+# Every folder hidden behind a tmpfs (the homes come on top); what a run needs is bound back.
+HIDDEN_DIRS = (*PRIVATE_DIRS, *EMPTY_DIRS)
+# A "home" that is one of these (or holds one) is never hidden: the system would go with it.
+SYSTEM_DIRS = (
+    "/usr",
+    "/etc",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/opt",
+    "/var",
+    "/srv",
+    "/dev",
+    "/proc",
+    "/sys",
+    "/tmp",
+    "/run",
+    "/boot",
+    "/mnt",
+    "/media",
+    "/nix",
+    "/snap",
+)
+# Folders the environment passes through that a run may need to read (toolkits, caches).
+PATH_VARIABLES = ("CUDA_HOME", "CUDA_PATH", "CONDA_PREFIX", "VIRTUAL_ENV", "TORCH_HOME")
+PTH_LIMIT = 64 << 10  # bytes read from one .pth file
+PTH_FILES = 200  # .pth files read per site-packages folder
 
 SECRET_NAME = re.compile(
     r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE|AUTH|SESSION|COOKIE|SSH_|GPG_",
@@ -85,6 +129,7 @@ class Limits:
     file_size_mb: int
     max_processes: int
     use_data_limit: bool = False  # RLIMIT_DATA instead of RLIMIT_AS (CUDA)
+    tmpfs_mb: int = 0  # size of each private writable tmpfs inside bubblewrap (0: unbounded)
 
 
 @dataclass
@@ -95,11 +140,59 @@ class Launch:
     layers: list[Layer]
     cgroup: PidsCgroup | None = None
     warnings: list[str] = field(default_factory=list)
+    # Writable folders private to the sandbox besides the scratch (a warm worker empties them
+    # between runs); empty without bubblewrap, where they are the host's own.
+    private: list[str] = field(default_factory=list)
 
     def close(self) -> None:
         if self.cgroup is not None:
             self.cgroup.close()
             self.cgroup = None
+
+
+@dataclass(frozen=True)
+class View:
+    """What the bubblewrap mounts hide and expose, for the layer report."""
+
+    homes: tuple[Path, ...]  # hidden behind an empty read-only folder
+    exposed: tuple[Path, ...]  # homes a needed path brings back whole
+    rebound: tuple[Path, ...]  # needed paths inside a home, bound back read-only
+    private: tuple[str, ...]  # private writable tmpfs besides the scratch
+    sized: bool  # the private tmpfs have a size limit
+    no_userns: bool = False  # no user namespace can be created inside
+
+
+def platform_problem() -> str | None:
+    """Why the probe cannot run on this platform, or None."""
+    if resource is None or os.name != "posix" or not hasattr(os, "killpg"):
+        return (
+            "the runtime probe is not supported on this platform (it needs POSIX resource "
+            "limits, process groups and fork: Linux or macOS); torchls check and the language "
+            "server work here"
+        )
+    return None
+
+
+def ensure_supported() -> None:
+    problem = platform_problem()
+    if problem is not None:
+        raise ReproUsageError(problem)
+
+
+_BWRAP_BASE = ("--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL")
+
+
+def _bwrap_try(path: str, extra: tuple[str, ...]) -> str | None:
+    """None when bubblewrap runs `true` with these options, else why not."""
+    probe = [path, *_BWRAP_BASE, "--ro-bind", "/", "/", *extra, "--", "true"]
+    try:
+        done = subprocess.run(probe, capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"bubblewrap failed to start: {error}"
+    if done.returncode != 0:
+        reason = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        return f"bubblewrap cannot create namespaces here: {reason[-1] if reason else '?'}"
+    return None
 
 
 @functools.lru_cache(maxsize=1)
@@ -108,18 +201,26 @@ def bwrap_works() -> tuple[bool, str]:
     path = shutil.which("bwrap")
     if path is None:
         return False, "bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
-    probe = [path, *_BWRAP_BASE, "--ro-bind", "/", "/", "--", "true"]
-    try:
-        done = subprocess.run(probe, capture_output=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return False, f"bubblewrap failed to start: {error}"
-    if done.returncode != 0:
-        reason = done.stderr.decode("utf-8", "replace").strip().splitlines()
-        return False, f"bubblewrap cannot create namespaces here: {reason[-1] if reason else '?'}"
-    return True, path
+    problem = _bwrap_try(path, ())
+    return (False, problem) if problem else (True, path)
 
 
-_BWRAP_BASE = ("--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL")
+@functools.lru_cache(maxsize=1)
+def bwrap_sizes_tmpfs() -> bool:
+    """Whether this bubblewrap can mount a size-limited tmpfs (`--size`, bubblewrap 0.7)."""
+    usable, path = bwrap_works()
+    if not usable:
+        return False
+    extra = ("--dev", "/dev", "--perms", "1777", "--size", str(1 << 20), "--tmpfs", "/tmp")
+    return _bwrap_try(path, (*extra, "--remount-ro", "/dev")) is None
+
+
+@functools.lru_cache(maxsize=1)
+def bwrap_disables_userns() -> bool:
+    """Whether this bubblewrap can forbid user namespaces inside (`--disable-userns`, 0.8):
+    in one, a non-root user's code could map itself and mount a tmpfs of unbounded size."""
+    usable, path = bwrap_works()
+    return usable and _bwrap_try(path, ("--unshare-user", "--disable-userns")) is None
 
 
 def secret_looking(name: str) -> bool:
@@ -166,7 +267,7 @@ def limits_for(
     # CPU time sums all threads and includes the torch import: the wall clock is the real
     # bound, this one only stops a child that outlived it (cores x timeout + slack).
     cpu = int(timeout_s * max(1, os.cpu_count() or 1)) + 30
-    return Limits(memory_mb, cpu, file_size_mb, max_processes, _cuda_possible(device))
+    return Limits(memory_mb, cpu, file_size_mb, max_processes, _cuda_possible(device), file_size_mb)
 
 
 def plan(
@@ -179,8 +280,19 @@ def plan(
     limits: Limits,
     mode: str,
     extra_env: tuple[str, ...] = (),
+    outputs: tuple[Path, ...] = (),
+    results: Path | None = None,
+    own_namespaces: bool = False,
 ) -> Launch:
-    """How to start the child under every layer available here (`mode`: auto|bwrap|none)."""
+    """How to start the child under every layer available here (`mode`: auto|bwrap|none).
+
+    `scratch` is the writable folder (HOME, TMPDIR); `outputs` are existing files the child
+    writes (a cold run's report and output), bound one by one inside bubblewrap; `results` is a
+    folder for the reports and outputs of a warm worker's runs, a tmpfs of its own (twice the
+    size of the others: a report and an output file of up to the file-size limit each).
+    `own_namespaces`: the child makes namespaces itself (the warm worker's per-run PID
+    namespace), so user namespaces stay allowed inside; it drops their capabilities itself."""
+    ensure_supported()
     env, refused = child_environment(python, probe_dir, scratch, extra_env)
     layers: list[Layer] = []
     warnings = [
@@ -191,18 +303,41 @@ def plan(
         raise ReproUsageError(f"--sandbox bwrap: bubblewrap is not usable here: {detail}")
     cgroup = PidsCgroup.create(limits.max_processes)
     root = os.geteuid() == 0
+    private: list[str] = []
     if usable:
-        prefix = bwrap_prefix(detail, python, probe_dir, scratch, cwd, read_paths)
+        prefix, view = bwrap_prefix(
+            detail,
+            python,
+            probe_dir,
+            scratch,
+            cwd,
+            read_paths,
+            outputs=outputs,
+            results=results,
+            tmpfs_mb=limits.tmpfs_mb,
+            env=env,
+            no_userns=not own_namespaces,
+        )
+        private = list(view.private)
+        writable = ", ".join(["the scratch folder", *view.private])
         layers += [
             Layer("bubblewrap", True, detail),
             Layer("network", True, "no network: private network namespace (bwrap --unshare-net)"),
             Layer(
                 "filesystem",
                 True,
-                "read-only view of /; /tmp, /var/tmp and /run empty; writable: scratch only",
+                f"read-only view of /; /run and /dev read-only; writable: {writable} (private "
+                "to the run)" + (", and the report and output files" if outputs else ""),
+            ),
+            _home_layer(view),
+            _disk_layer(view, limits, bool(outputs), results is not None, own_namespaces),
+            Layer(
+                "probe_code",
+                True,
+                "the probe package is mounted read-only: a run cannot change it for later runs",
             ),
             Layer("pid_namespace", True, "own PID namespace: a kill ends every descendant"),
-            Layer("capabilities", True, "all capabilities dropped"),
+            Layer("capabilities", True, _capabilities_detail(view, own_namespaces)),
         ]
         unshare_net = False
     else:
@@ -224,6 +359,26 @@ def plan(
                 "NOT isolated: the code can write wherever this user can (cwd is the project)",
             ),
             Layer(
+                "home",
+                False,
+                "NOT hidden: the code can read every file this user can (SSH keys, credentials)",
+            ),
+            Layer(
+                "disk",
+                False,
+                f"NOT bounded: RLIMIT_FSIZE caps each file at {limits.file_size_mb} MB, not how "
+                "many files the code writes"
+                if limits.file_size_mb
+                else "NOT bounded: each run's files are capped by RLIMIT_FSIZE, not their number",
+            ),
+            Layer(
+                "probe_code",
+                False,
+                "NOT read-only (the code runs as the same user): each cold run uses its own "
+                "copy and the warm worker loads all of it before its first run, so a run can "
+                "only alter its own report",
+            ),
+            Layer(
                 "pid_namespace",
                 False,
                 "NOT isolated: a descendant that calls setsid() can outlive a kill",
@@ -239,15 +394,21 @@ def plan(
         Layer("cpu_time", True, f"RLIMIT_CPU {limits.cpu_s} s"),
         Layer("file_size", True, f"RLIMIT_FSIZE {limits.file_size_mb} MB, no core files"),
     ]
+    # RLIMIT_NPROC counts every process of the user, so the limit is "those + max_processes";
+    # root is exempt from it, and where the count is unknown no limit is claimed (nor set).
+    count = None if root else _user_process_count()
+    nproc = count + limits.max_processes if count is not None else None
     if cgroup is not None:
         layers.append(Layer("processes", True, f"pids cgroup, pids.max {limits.max_processes}"))
-    elif not root:
+    elif nproc is not None:
         layers.append(
             Layer(
-                "processes", True, f"RLIMIT_NPROC (this user's processes + {limits.max_processes})"
+                "processes",
+                True,
+                f"RLIMIT_NPROC {nproc} (this user's {count} processes + {limits.max_processes})",
             )
         )
-    else:
+    elif root:
         layers.append(
             Layer(
                 "processes",
@@ -255,10 +416,77 @@ def plan(
                 "NOT limited: root is exempt from RLIMIT_NPROC and no pids cgroup is available",
             )
         )
+    else:
+        layers.append(
+            Layer("processes", False, "NOT limited: this user's processes could not be counted")
+        )
     secrets = f"; refused: {', '.join(refused)}" if refused else ""
     layers.append(Layer("environment", True, f"minimal environment, no secrets{secrets}"))
-    preexec = _preexec(limits, cgroup, unshare_net, pdeathsig=not usable)
-    return Launch(prefix, env, preexec, layers, cgroup, warnings)
+    preexec = _preexec(limits, cgroup, unshare_net, pdeathsig=not usable, nproc=nproc)
+    return Launch(prefix, env, preexec, layers, cgroup, warnings, private)
+
+
+def _capabilities_detail(view: View, own_namespaces: bool) -> str:
+    if own_namespaces:
+        return (
+            "all capabilities dropped, also those of each run's own user namespace (left "
+            "unmapped, so no namespace made inside it can map a user either)"
+        )
+    if view.no_userns:
+        return "all capabilities dropped; no user namespace can be made inside"
+    return (
+        "all capabilities dropped; user namespaces can still be made inside (this bubblewrap "
+        "has no --disable-userns: 0.8 or later needed)"
+    )
+
+
+def _home_layer(view: View) -> Layer:
+    if not view.homes:
+        return Layer("home", False, "NOT hidden: no home folder of this user was found")
+    homes = ", ".join(map(str, view.homes))
+    if view.exposed:
+        exposed = ", ".join(map(str, view.exposed))
+        return Layer(
+            "home",
+            False,
+            f"NOT hidden: {exposed} is itself a folder the run needs (the project or the "
+            "interpreter): move the project out of the home folder's top level",
+        )
+    rebound = "; bound back read-only: " + ", ".join(map(str, view.rebound)) if view.rebound else ""
+    return Layer("home", True, f"{homes} hidden (empty, read-only){rebound}")
+
+
+def _disk_layer(
+    view: View, limits: Limits, outputs: bool, results: bool, own_namespaces: bool
+) -> Layer:
+    places = ["the scratch folder", *view.private]
+    files = ""
+    if outputs:
+        files = f"; report and output files on disk: RLIMIT_FSIZE ({limits.file_size_mb} MB) each"
+    if results and view.sized and limits.tmpfs_mb > 0:
+        files = f"; reports and output: a private tmpfs of {2 * limits.tmpfs_mb} MB"
+    if not view.sized or limits.tmpfs_mb <= 0:
+        return Layer(
+            "disk",
+            False,
+            f"NOT bounded: {', '.join(places)} are tmpfs without a size limit (this bubblewrap "
+            "has no --size: 0.7 or later needed)" + files,
+        )
+    if not (view.no_userns or own_namespaces):
+        return Layer(
+            "disk",
+            False,
+            f"NOT bounded: {', '.join(places)} are tmpfs of {limits.tmpfs_mb} MB each, but the "
+            "code can make a user namespace and mount a tmpfs of its own (this bubblewrap has no "
+            "--disable-userns: 0.8 or later needed)" + files,
+        )
+    total = limits.tmpfs_mb * len(places)
+    return Layer(
+        "disk",
+        True,
+        f"{', '.join(places)}: private tmpfs of {limits.tmpfs_mb} MB each ({total} MB in all, "
+        f"in memory, gone with the sandbox); /dev and /run read-only" + files,
+    )
 
 
 def bwrap_prefix(
@@ -268,47 +496,188 @@ def bwrap_prefix(
     scratch: Path,
     cwd: Path,
     read_paths: list[Path],
-) -> list[str]:
-    args = [bwrap, *_BWRAP_BASE, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    *,
+    outputs: tuple[Path, ...] = (),
+    results: Path | None = None,
+    tmpfs_mb: int = 0,
+    env: dict[str, str] | None = None,
+    no_userns: bool = False,
+) -> tuple[list[str], View]:
+    """The bubblewrap command line, and what it hides and exposes.
+
+    Mount order matters: a mount hides whatever an earlier one put under it. So the hidden
+    folders (empty tmpfs), the read-only bind-backs, the scratch tmpfs and the output files are
+    sorted outermost first, and the read-only remounts of the empty folders come last."""
+    sized = tmpfs_mb > 0 and bwrap_sizes_tmpfs()
+    size = ["--size", str(tmpfs_mb << 20)] if sized else []
+    shared = ["--perms", "1777", *size] if sized else []
+    no_userns = no_userns and bwrap_disables_userns()
+    args = [bwrap, *_BWRAP_BASE]
+    if no_userns:
+        args += ["--unshare-user", "--disable-userns"]
+    args += ["--ro-bind", "/", "/", "--dev", "/dev"]
     for device in [*sorted(Path("/dev").glob("nvidia*")), Path("/dev/dri")]:
         if device.exists():
             args += ["--dev-bind", str(device), str(device)]
-    for hidden in HIDDEN_DIRS:
-        if os.path.isdir(hidden) and not os.path.islink(hidden):
-            args += ["--tmpfs", hidden]
-    for path in keep_paths([*interpreter_paths(python), probe_dir, cwd, *read_paths]):
-        args += ["--ro-bind", str(path), str(path)]
-    args += ["--bind", str(scratch), str(scratch), "--chdir", str(cwd), "--"]
-    return args
+    args += [*shared, "--tmpfs", "/dev/shm", "--remount-ro", "/dev", "--proc", "/proc"]
+    homes = home_dirs()
+    private = [d for d in PRIVATE_DIRS if os.path.isdir(d) and not os.path.islink(d)]
+    empty = [d for d in EMPTY_DIRS if os.path.isdir(d) and not os.path.islink(d)]
+    hidden = [*map(Path, private), *map(Path, empty), *homes]
+    needed = [
+        *interpreter_paths(python),
+        *site_paths(python),
+        *environment_paths(env or {}),
+        cwd,
+        *read_paths,
+    ]
+    kept = keep_paths(needed, hidden)
+    mounts: list[tuple[Path, int, list[str]]] = []
+    for folder in private:
+        mounts.append((Path(folder), 0, [*shared, "--tmpfs", folder]))
+    for folder in [*map(Path, empty), *homes]:
+        mounts.append((folder, 0, ["--tmpfs", str(folder)]))
+    for path in kept:
+        mounts.append((path, 1, ["--ro-bind", str(path), str(path)]))
+    mounts.append((probe_dir, 1, ["--ro-bind", str(probe_dir), str(probe_dir)]))
+    own = ["--perms", "0700", *size] if sized else []
+    mounts.append((scratch, 2, [*own, "--tmpfs", str(scratch)]))
+    if results is not None:  # a report and an output file of up to the file-size limit each
+        twice = ["--perms", "0700", "--size", str(2 * tmpfs_mb << 20)] if sized else []
+        mounts.append((results, 2, [*twice, "--tmpfs", str(results)]))
+    for file in outputs:
+        mounts.append((file, 3, ["--bind", str(file), str(file)]))
+    for _path, _order, mount in sorted(mounts, key=lambda m: (len(m[0].parts), m[1], str(m[0]))):
+        args += mount
+    for folder in [*map(Path, empty), *homes]:
+        args += ["--remount-ro", str(folder)]
+    args += ["--chdir", str(cwd), "--"]
+    exposed = tuple(home for home in homes if home in kept)
+    rebound = tuple(p for p in kept if any(_under(p, h) for h in homes) and p not in homes)
+    view = View(tuple(homes), exposed, rebound, (*private, "/dev/shm"), sized, no_userns)
+    return args, view
+
+
+def home_dirs() -> list[Path]:
+    """This user's home folders, hidden inside bubblewrap: `$HOME`, the password database's,
+    and as root `/root` and `/home` (root reads every user's home). Never `/` or a folder that
+    holds a system folder."""
+    candidates = [os.environ.get("HOME"), _password_home()]
+    if os.geteuid() == 0:
+        candidates += ["/root", "/home"]
+    found: set[Path] = set()
+    for candidate in candidates:
+        if not candidate or not os.path.isabs(candidate):
+            continue
+        real = Path(os.path.realpath(candidate))
+        if not real.is_dir() or any(_under(Path(system), real) for system in SYSTEM_DIRS):
+            continue
+        found.add(real)
+    return _outermost(found)
+
+
+def _password_home() -> str | None:
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.geteuid()).pw_dir
+    except (ImportError, KeyError):
+        return None
 
 
 def interpreter_paths(python: Path) -> list[Path]:
-    """Folders the interpreter needs: its venv (as invoked) and the base installation."""
+    """Folders the interpreter needs: its venv (as invoked and resolved) and, following each
+    `pyvenv.cfg` `home` (a venv made from another venv's python, or a wrapper script's), the
+    installations behind it, such as a pyenv or conda Python inside the home folder."""
     paths = [python.parent.parent, Path(os.path.realpath(python)).parent.parent]
-    config = python.parent.parent / "pyvenv.cfg"
-    try:
-        for line in config.read_text().splitlines():
+    pending = list(paths)
+    seen: set[Path] = set()
+    while pending and len(seen) < 8:
+        prefix = pending.pop()
+        if prefix in seen:
+            continue
+        seen.add(prefix)
+        try:
+            lines = (prefix / "pyvenv.cfg").read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError):
+            continue
+        for line in lines:
             key, _, value = line.partition("=")
-            if key.strip() == "home" and value.strip():
-                paths.append(Path(value.strip()).parent)
-    except OSError:
-        pass
-    return paths
+            if key.strip() != "home" or not os.path.isabs(value.strip()):
+                continue
+            home = Path(value.strip())
+            found = [home.parent, Path(os.path.realpath(home)).parent]
+            for name in ("python3", "python"):
+                if (home / name).exists():
+                    found.append(Path(os.path.realpath(home / name)).parent.parent)
+            paths += found
+            pending += found
+    return list(dict.fromkeys(paths))
 
 
-def keep_paths(paths: list[Path]) -> list[Path]:
-    """The paths under a hidden folder that must be bound back, outermost only, sorted."""
+def site_paths(python: Path) -> list[Path]:
+    """Folders that `.pth` files in the interpreter's site-packages add to `sys.path` (editable
+    installs, often under the home). Read as text, never executed; `import` lines are skipped."""
+    found: list[Path] = []
+    for prefix in dict.fromkeys(interpreter_paths(python)):
+        try:
+            sites = sorted(prefix.glob("lib*/python*/site-packages"))
+        except OSError:
+            continue
+        for site in sites:
+            try:
+                pth_files = sorted(site.glob("*.pth"))[:PTH_FILES]
+            except OSError:
+                continue
+            for pth in pth_files:
+                try:
+                    with open(pth, encoding="utf-8", errors="replace") as handle:
+                        text = handle.read(PTH_LIMIT)
+                except OSError:
+                    continue
+                for line in text.splitlines():
+                    line = line.strip()
+                    if not line or line.startswith(("#", "import ", "import\t")):
+                        continue
+                    path = Path(line) if os.path.isabs(line) else site / line
+                    if path.is_dir():
+                        found.append(path)
+    return found
+
+
+def environment_paths(env: dict[str, str]) -> list[Path]:
+    """Folders the child's environment points at (CUDA, conda, torch caches, libraries)."""
+    values = [env[name] for name in PATH_VARIABLES if env.get(name)]
+    values += [part for part in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if part]
+    return [Path(value) for value in values if os.path.isabs(value) and os.path.isdir(value)]
+
+
+def keep_paths(paths: Iterable[Path], hidden: Iterable[Path] | None = None) -> list[Path]:
+    """The paths under a hidden folder that must be bound back, outermost only, sorted.
+    `hidden` defaults to every folder the sandbox hides here (including the homes)."""
+    folders = list(hidden) if hidden is not None else [*map(Path, HIDDEN_DIRS), *home_dirs()]
     wanted = set()
     for path in paths:
         real = Path(os.path.realpath(path))
         for candidate in {Path(os.path.abspath(path)), real}:
-            if any(_under(candidate, Path(h)) for h in HIDDEN_DIRS) and candidate.exists():
+            if any(_under(candidate, h) for h in folders) and candidate.exists():
                 wanted.add(candidate)
     kept: list[Path] = []
     for path in sorted(wanted, key=lambda p: (len(p.parts), str(p))):
-        if not any(_under(path, k) for k in kept):
+        # Covered by an outer bind-back, unless a hidden folder lies between the two (a home
+        # inside the project): that one is hidden again on top, so bind this one back too.
+        between = (h for h in folders for k in kept if h != k and _under(h, k))
+        if not any(_under(path, k) for k in kept) or any(_under(path, h) for h in between):
             kept.append(path)
     return sorted(kept)
+
+
+def _outermost(paths: Iterable[Path]) -> list[Path]:
+    kept: list[Path] = []
+    for path in sorted(paths, key=lambda p: (len(p.parts), str(p))):
+        if not any(_under(path, k) for k in kept):
+            kept.append(path)
+    return kept
 
 
 def _under(path: Path, folder: Path) -> bool:
@@ -342,29 +711,47 @@ def _can_unshare_net() -> bool:
     return done.returncode == 0
 
 
-def _user_process_count() -> int:
+def _user_process_count() -> int | None:
+    """This user's processes as RLIMIT_NPROC counts them (threads too, on Linux), or None.
+
+    Linux: from /proc. Elsewhere (macOS): from `ps`, run here, before the fork."""
     uid = os.getuid()
-    count = 0
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.stat(f"/proc/{entry}").st_uid == uid:
-                    count += len(os.listdir(f"/proc/{entry}/task"))
-            except OSError:
-                continue
-    return count
+    if sys.platform.startswith("linux"):
+        count = 0
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    if os.stat(f"/proc/{entry}").st_uid == uid:
+                        count += len(os.listdir(f"/proc/{entry}/task"))
+                except OSError:
+                    continue
+        return count
+    ps = "/bin/ps" if os.path.exists("/bin/ps") else shutil.which("ps")
+    if ps is None:
+        return None
+    try:
+        done = subprocess.run(
+            [ps, "-A", "-o", "uid="], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    return sum(1 for word in done.stdout.split() if word == str(uid))
 
 
 def _preexec(
-    limits: Limits, cgroup: PidsCgroup | None, unshare_net: bool, pdeathsig: bool
+    limits: Limits,
+    cgroup: PidsCgroup | None,
+    unshare_net: bool,
+    pdeathsig: bool,
+    nproc: int | None,
 ) -> Callable[[], None]:
     """Runs in the child between fork and exec: only async-signal-tolerant, prepared work."""
+    assert resource is not None  # plan() checked the platform
     libc = _libc() if (unshare_net or pdeathsig) else None
     memory = limits.memory_mb << 20
     size = limits.file_size_mb << 20
-    nproc = None
-    if os.geteuid() != 0 and sys.platform.startswith("linux"):
-        nproc = _user_process_count() + limits.max_processes
     memory_limit = resource.RLIMIT_DATA if limits.use_data_limit else resource.RLIMIT_AS
     flags = CLONE_NEWNET if os.geteuid() == 0 else CLONE_NEWNET | CLONE_NEWUSER
     procs_fd = cgroup.procs_fd if cgroup is not None else None

@@ -7,6 +7,13 @@ its own session, rlimits and, where permitted, a PID namespace. Only CPU runs ar
 and only by a worker that saw no accelerator: forking after CUDA initialises is unsafe, and a
 forked child cannot hide devices from a torch that already counted them.
 
+Runs of one worker share its sandbox, so the worker keeps them apart: each run gets a new
+folder with an unpredictable name (its HOME and TMPDIR) that the worker creates, the worker sends
+back the run's report and output itself (the server reads no file a run could have planted), and
+empties every writable place afterwards. The probe package is mounted read-only (bubblewrap) and
+fully imported before the first fork. A worker that could not clean up after a run says so
+(`dirty`) and is replaced.
+
 `ReproSession` is what the language server keeps: `run()` uses a ready worker when one fits and
 otherwise runs cold while a worker warms up in the background for next time.
 """
@@ -18,7 +25,6 @@ import itertools
 import json
 import os
 import selectors
-import shutil
 import signal
 import subprocess
 import sys
@@ -27,13 +33,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from torchls.probe.locate import stage_probe
 from torchls.probe.options import ReproOptions
-from torchls.probe.prepare import Prepared, new_scratch, prepare
+from torchls.probe.prepare import Prepared, prepare
 from torchls.probe.process import Ended
-from torchls.probe.report import ReproReport
+from torchls.probe.report import ReproReport, parse_probe_report
 from torchls.probe.runner import (
     KILL_GRACE_S,
+    OUTPUT_HEAD,
+    OUTPUT_TAIL,
+    REPORT_READ_LIMIT,
+    Left,
     ProgressCallback,
     ProgressEvent,
     ReproCancelled,
@@ -44,10 +53,17 @@ from torchls.probe.runner import (
     wall_clock_layer,
 )
 from torchls.probe.sandbox import Launch, Layer, Limits, keep_paths, limits_for, plan
+from torchls.probe.scratch import RunFolder, read_tail
 
 READY_TIMEOUT_S = 120.0
+_CLOSING = threading.Lock()
+CLOSE_JOIN_S = 10.0  # how long closing a session waits for a worker start to wind down
 # How long past its deadline a worker may stay silent before it is killed as a whole.
 WORKER_SLACK_S = 15.0
+# The longest line read from a worker: an exit message carries a report of up to
+# REPORT_READ_LIMIT bytes, which JSON escaping can make a few times longer. A run's child shares
+# the channel and could write a line without end; past this, the line is dropped.
+MESSAGE_LIMIT = 8 * REPORT_READ_LIMIT
 
 
 class WorkerError(RuntimeError):
@@ -60,6 +76,7 @@ def _key(prepared: Prepared) -> tuple[Any, ...]:
         str(prepared.python),
         options.sandbox,
         options.pass_env,
+        options.file_size_mb,  # sizes the worker's private tmpfs
         tuple(keep_paths([prepared.root, *prepared.read_paths])),
     )
 
@@ -67,15 +84,29 @@ def _key(prepared: Prepared) -> tuple[Any, ...]:
 class WarmWorker:
     def __init__(self, prepared: Prepared) -> None:
         self.key = _key(prepared)
-        self.scratch_root = new_scratch()
+        self.folder = RunFolder.create(prepared.probe_package, cold=False)
         try:
+            self.folder.seal(None)
             self.launch: Launch = self._plan(prepared)
         except BaseException:
-            shutil.rmtree(self.scratch_root, ignore_errors=True)
+            self.folder.remove()
             raise
         self.bwrap = any(layer.name == "bubblewrap" and layer.held for layer in self.launch.layers)
-        argv = [*self.launch.argv_prefix, str(prepared.python), "-m", "torchls_probe.worker"]
-        self.stderr_path = self.scratch_root / "worker-stderr.txt"
+        argv = [
+            *self.launch.argv_prefix,
+            str(prepared.python),
+            "-m",
+            "torchls_probe.worker",
+            "--scratch",
+            str(self.folder.home),
+            "--results",
+            str(self.folder.results),
+        ]
+        for folder in self.launch.private:
+            argv += ["--wipe", folder]
+        self.stderr_path = self.folder.stderr
+        self.dirty = False
+        self._closed = False
         # bubblewrap's --die-with-parent (PR_SET_PDEATHSIG) fires when the *thread* that forked
         # it exits, so the worker is started from a keeper thread that lives as long as it does.
         self._stop = threading.Event()
@@ -105,7 +136,7 @@ class WarmWorker:
         spawned.wait()
         if failure:
             self.launch.close()
-            shutil.rmtree(self.scratch_root, ignore_errors=True)
+            self.folder.remove()
             raise WorkerError(f"the warm worker could not start: {failure[0]}")
         assert self.process.stdout is not None
         self._selector = selectors.DefaultSelector()
@@ -117,14 +148,17 @@ class WarmWorker:
 
     def _plan(self, prepared: Prepared) -> Launch:
         options = prepared.resolved.options
-        # The worker has no rlimits of its own: each child sets the limits of its run.
+        # The worker has no rlimits of its own: each child sets the limits of its run. Its
+        # private tmpfs are sized like a cold run's, and emptied after each run.
         return plan(
             python=prepared.python,
-            probe_dir=stage_probe(prepared.probe_package, self.scratch_root),
-            scratch=self.scratch_root,
+            probe_dir=self.folder.probe,
+            scratch=self.folder.home,
+            results=self.folder.results,
+            own_namespaces=True,
             cwd=prepared.root,
             read_paths=list(prepared.read_paths),
-            limits=Limits(0, 0, 0, options.max_processes),
+            limits=Limits(0, 0, 0, options.max_processes, tmpfs_mb=options.file_size_mb),
             mode=options.sandbox,
             extra_env=options.pass_env,
         )
@@ -147,10 +181,12 @@ class WarmWorker:
             if not chunk:
                 raise WorkerError(f"the warm worker exited: {self._stderr_tail()}")
             *lines, self._buffer = (self._buffer + chunk).split(b"\n")
+            if len(self._buffer) > MESSAGE_LIMIT:
+                self._buffer = b""
             for line in lines:
                 try:
                     message = json.loads(line)
-                except ValueError:
+                except (ValueError, RecursionError):  # a run's child may write anything here
                     continue
                 if isinstance(message, dict):
                     found.append(message)
@@ -158,9 +194,10 @@ class WarmWorker:
 
     def _stderr_tail(self) -> str:
         try:
-            lines = self.stderr_path.read_text(encoding="utf-8", errors="replace").splitlines()
+            text = read_tail(self.stderr_path, 8192).decode("utf-8", "replace")
         except OSError:
             return "no stderr"
+        lines = text.splitlines()
         return lines[-1] if lines else "no stderr"
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> dict[str, Any]:
@@ -193,36 +230,38 @@ class WarmWorker:
     ) -> ReproReport:
         started = time.monotonic()
         run_id = next(self._ids)
-        scratch = self.scratch_root / f"run-{run_id}"
-        scratch.mkdir()
         r = prepared.resolved
-        try:
-            request = prepared.request(scratch)
-            limits = limits_for(
-                r.memory_mb, r.timeout_s, r.options.file_size_mb, r.options.max_processes, r.device
-            )
-            deadline_s = r.timeout_s + KILL_GRACE_S
-            self._send(
-                {
-                    "op": "run",
-                    "id": run_id,
-                    "request": request,
-                    "limits": _limits_json(limits),
-                    "deadline_s": deadline_s,
-                    "network": not self.bwrap,
-                }
-            )
-            notify(on_progress, ProgressEvent("start", "forking warm interpreter"))
-            exit_message, child = self._follow(
-                run_id, started + deadline_s + WORKER_SLACK_S, on_progress, cancel_event
-            )
-            if exit_message.get("killed_for") == "cancel":
-                raise ReproCancelled("the repro was cancelled")
-            ended = _ended(exit_message, child, started)
-            layers = self._layers(limits, child, r.timeout_s)
-            report = finish(prepared, request, scratch, ended, layers, self.launch.warnings, "warm")
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+        request = prepared.request(None, None)  # the worker picks the run's own folder
+        limits = limits_for(
+            r.memory_mb, r.timeout_s, r.options.file_size_mb, r.options.max_processes, r.device
+        )
+        deadline_s = r.timeout_s + KILL_GRACE_S
+        self._send(
+            {
+                "op": "run",
+                "id": run_id,
+                "request": request,
+                "limits": _limits_json(limits),
+                "deadline_s": deadline_s,
+                "network": not self.bwrap,
+                "report_limit": REPORT_READ_LIMIT,
+                "output_head": OUTPUT_HEAD,
+                "output_tail": OUTPUT_TAIL,
+            }
+        )
+        notify(on_progress, ProgressEvent("start", "forking warm interpreter"))
+        exit_message, child = self._follow(
+            run_id, started + deadline_s + WORKER_SLACK_S, on_progress, cancel_event
+        )
+        # Whatever this run left could not all be removed: no later run may inherit it.
+        self.dirty = self.dirty or exit_message.get("dirty") is not False
+        if exit_message.get("killed_for") == "cancel":
+            raise ReproCancelled("the repro was cancelled")
+        ended = _ended(exit_message, child, started)
+        layers = self._layers(limits, child, r.timeout_s)
+        report = finish(
+            prepared, request, _left(exit_message), ended, layers, self.launch.warnings, "warm"
+        )
         report.data["timing"]["server_wall_s"] = round(time.monotonic() - started, 4)
         notify(on_progress, ProgressEvent("done", f"done: {report.status}"))
         return report
@@ -245,6 +284,10 @@ class WarmWorker:
                 raise WorkerError("the warm worker did not end the run at its deadline")
             for message in self._messages(0.05):
                 if message.get("id") != run_id:
+                    # The real end of a run whose child forged its own "exit" earlier: if that
+                    # run could not be cleaned up, the next one must not inherit it.
+                    if message.get("event") == "exit" and message.get("dirty") is not False:
+                        self.dirty = True
                     continue
                 event = message.get("event")
                 if event == "exit":
@@ -280,6 +323,10 @@ class WarmWorker:
         return layers
 
     def close(self) -> None:
+        with _CLOSING:  # a starting worker can be closed by its session and its own thread
+            if self._closed:
+                return
+            self._closed = True
         try:
             if self.process.poll() is None:
                 try:
@@ -299,7 +346,7 @@ class WarmWorker:
                         stream.close()
             self._stop.set()
             self.launch.close()
-            shutil.rmtree(self.scratch_root, ignore_errors=True)
+            self.folder.remove()
 
 
 def _limits_json(limits: Limits) -> dict[str, Any]:
@@ -310,6 +357,31 @@ def _limits_json(limits: Limits) -> dict[str, Any]:
         "use_data_limit": limits.use_data_limit,
         "nproc": 0,
     }
+
+
+def _left(message: dict[str, Any]) -> Left:
+    """The report and output the worker read back for the run. A run's child can write on the
+    same channel, so every field is checked and bounded like a file from the scratch folder."""
+    text = message.get("report")
+    problem = message.get("report_problem")
+    if isinstance(text, str) and len(text) <= REPORT_READ_LIMIT:
+        data, why = parse_probe_report(text)
+    else:
+        data, why = None, None if text is None else "the report sent by the worker is unusable"
+    if data is None and why is None and isinstance(problem, str):
+        why = problem[:500]
+    raw = message.get("output")
+    raw = raw if isinstance(raw, dict) else {}
+    size = raw.get("bytes")
+    output: dict[str, Any] = {
+        "bytes": size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else 0,
+        "head": str(raw.get("head") or "")[:OUTPUT_HEAD],
+        "tail": str(raw.get("tail") or "")[:OUTPUT_TAIL],
+        "truncated": raw.get("truncated") is True,
+    }
+    if isinstance(raw.get("note"), str):
+        output["note"] = raw["note"][:500]
+    return Left(data, why, output)
 
 
 def _ended(message: dict[str, Any], child: dict[str, Any], started: float) -> Ended:
@@ -332,6 +404,8 @@ class ReproSession:
         self.warm = warm and sys.platform == "linux"
         self._workers: dict[tuple[Any, ...], WarmWorker] = {}
         self._starting: dict[tuple[Any, ...], threading.Thread] = {}
+        self._launching: set[WarmWorker] = set()  # started, not yet ready
+        self._closed = False
         self._lock = threading.Lock()
 
     def run(
@@ -351,6 +425,9 @@ class ReproSession:
                 self._drop(worker)
             finally:
                 worker.lock.release()
+                if worker.dirty:  # replaced before the next run, which would inherit the mess
+                    self._drop(worker)
+                    self.prewarm_prepared(prepared)
         if self.warm and prepared.resolved.device in ("cpu", "auto"):
             self.prewarm_prepared(prepared)
         return run_cold(prepared, on_progress, cancel_event)
@@ -365,6 +442,8 @@ class ReproSession:
             return
         key = _key(prepared)
         with self._lock:
+            if self._closed:
+                return
             thread = self._starting.get(key)
             if thread is None and key not in self._workers:
                 thread = threading.Thread(target=self._start, args=(prepared, key), daemon=True)
@@ -377,13 +456,26 @@ class ReproSession:
         worker = None
         try:
             worker = WarmWorker(prepared)
-            worker.wait_ready()
             with self._lock:
-                old = self._workers.pop(key, None)
-                self._workers[key] = worker
+                adopted = not self._closed
+                if adopted:
+                    self._launching.add(worker)
+            if adopted:
+                worker.wait_ready()
+            with self._lock:
+                self._launching.discard(worker)
+                # A session closed while this worker started must not leave it (and its
+                # folder) behind: close() only sees the workers it can find.
+                adopted = adopted and not self._closed
+                old = self._workers.pop(key, None) if adopted else None
+                if adopted:
+                    self._workers[key] = worker
             if old is not None:
                 old.close()
-        except (WorkerError, OSError, RuntimeError):
+            if not adopted:
+                worker.close()
+        except (WorkerError, OSError, RuntimeError, ValueError):
+            # ValueError: close() shut the worker's pipes while it was still starting.
             if worker is not None:
                 worker.close()
         finally:
@@ -402,8 +494,14 @@ class ReproSession:
         worker.close()
 
     def close(self) -> None:
+        """Stop every worker, the ones still starting included; the session runs cold after."""
         with self._lock:
-            workers = list(self._workers.values())
+            self._closed = True
+            workers = [*self._workers.values(), *self._launching]
             self._workers.clear()
+            self._launching.clear()
+            starting = list(self._starting.values())
         for worker in workers:
             worker.close()
+        for thread in starting:  # they only finish closing what they started
+            thread.join(timeout=CLOSE_JOIN_S)
