@@ -20,7 +20,7 @@ def frame(body: bytes, length: int | None = None) -> bytes:
 
 
 def bodies(stream: bytes) -> list[bytes]:
-    reader = FrameReader(io.BytesIO(stream))
+    reader = FrameReader(io.BytesIO(stream).read)
     found = []
     while (body := reader.read_body()) is not None:
         found.append(body)
@@ -49,7 +49,7 @@ def test_a_body_larger_than_one_chunk_is_read_whole() -> None:
 
 
 def test_an_oversized_frame_is_skipped_and_reading_goes_on() -> None:
-    reader = FrameReader(io.BytesIO(frame(b"{}", length=MAX_BODY_BYTES + 1) + frame(b"[1]")))
+    reader = FrameReader(io.BytesIO(frame(b"{}", length=MAX_BODY_BYTES + 1) + frame(b"[1]")).read)
     assert reader.read_body() == b"[1]"
     assert reader.skipped_frames == 1
 

@@ -64,6 +64,7 @@ class RawServer:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self.configuration: Any = {}
+        self.unanswered: set[str] = set()  # server requests left without an answer
         self._reader = threading.Thread(target=self._read, name="raw-lsp-reader", daemon=True)
         self._reader.start()
 
@@ -127,6 +128,8 @@ class RawServer:
     def _answer_server_request(self, message: Message) -> None:
         """Reply to what the server asks the client, as a plain editor would."""
         if "method" not in message or "id" not in message:
+            return
+        if message["method"] in self.unanswered:
             return
         result: Any = None
         if message["method"] == "workspace/configuration":

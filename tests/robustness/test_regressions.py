@@ -3,7 +3,8 @@
 Each test states the wanted behaviour and would fail again if its bug came back. A failure
 stays bounded: a hang is cut off by a safety-net wait, and anything that could exhaust memory
 runs in a subprocess under an address-space limit. Groups: the analysis and its fixes,
-`torchls check`, and the language server. Bugs still open are in open_bugs.py.
+`torchls check`, and the language server (the sandbox's are in
+tests/probe/test_sandbox_regressions.py).
 """
 
 from __future__ import annotations
@@ -292,9 +293,26 @@ def test_exit_status_follows_the_shutdown_handshake(
     try:
         server.initialize()
         if handshake:
-            server.call("shutdown")
+            answer = server.call("shutdown")
+            assert "error" not in answer, answer
         server.notify("exit")
         assert server.wait_exit() == status
+    finally:
+        server.close()
+
+
+def test_shutdown_while_a_handler_waits_for_the_client_succeeds(tmp_path: Path) -> None:
+    """`shutdown` cancels every pending handler while walking pygls' table of them; a
+    cancelled future whose done-callback removed itself from that table made `shutdown` fail
+    with "dictionary changed size during iteration" (found after the leak fix above). Here
+    `initialized` waits for a `workspace/configuration` answer that never comes."""
+    server = RawServer(tmp_path / "server-stderr.txt")
+    try:
+        server.unanswered.add("workspace/configuration")
+        server.initialize({"workspace": {"configuration": True}})
+        server.wait_for(lambda m: m.get("method") == "workspace/configuration")
+        answer = server.call("shutdown")
+        assert "error" not in answer, answer
     finally:
         server.close()
 

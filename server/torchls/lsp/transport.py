@@ -17,16 +17,20 @@ replaces that loop and patches the protocol:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import os
 import re
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from functools import partial
 from typing import Any, BinaryIO
 
 from lsprotocol import types
 from pygls.exceptions import (
     JsonRpcException,
+    JsonRpcInternalError,
     JsonRpcInvalidParams,
     JsonRpcInvalidRequest,
     JsonRpcMethodNotFound,
@@ -46,7 +50,8 @@ HEADER_LINE_LIMIT = 64 << 10
 cannot grow one line without bound."""
 
 BODY_CHUNK = 1 << 20
-"""Bodies are read in chunks, so memory follows the bytes that arrive, not the announced size."""
+"""Input is read at most this much at a time, so memory follows the bytes that arrive, not the
+announced size."""
 
 _CONTENT_LENGTH = re.compile(rb"Content-Length:[ \t]*(\d{1,20})[ \t]*\r?\n\Z", re.IGNORECASE)
 # Searched, not matched at the start: after a frame the reader could not use, the rest of its
@@ -55,17 +60,24 @@ _CARRY = 128  # bytes of a cut header line kept, enough for a whole `Content-Len
 
 
 class FrameReader:
-    """Reads JSON-RPC frame bodies from `stream`; returns None at end of input."""
+    """Reads JSON-RPC frame bodies; `read_some(n)` returns up to n bytes, b"" at end of input.
 
-    def __init__(self, stream: BinaryIO) -> None:
-        self.stream = stream
+    It buffers by itself on top of `read_some` (for stdin, `os.read` on the descriptor), so a
+    read blocked on stdin holds no lock of Python's io objects: the reading thread can be left
+    blocked when the server exits."""
+
+    def __init__(self, read_some: Callable[[int], bytes]) -> None:
+        self._read_some = read_some
+        self._buffer = bytearray()
+        self._at_end = False
         self.skipped_frames = 0
 
     def read_body(self) -> bytes | None:
+        """The next frame's body, or None at end of input."""
         length: int | None = None
         carry = b""
         while True:
-            chunk = self.stream.readline(HEADER_LINE_LIMIT)
+            chunk = self._readline(HEADER_LINE_LIMIT)
             if not chunk:
                 return None
             line = carry + chunk
@@ -88,16 +100,38 @@ class FrameReader:
                 continue  # its body, if it ever comes, is noise before the next header
             return self._read_exactly(length)
 
+    def _fill(self) -> bool:
+        if self._at_end:
+            return False
+        chunk = self._read_some(BODY_CHUNK)
+        if not chunk:
+            self._at_end = True
+            return False
+        self._buffer += chunk
+        return True
+
+    def _take(self, size: int) -> bytes:
+        taken = bytes(self._buffer[:size])
+        del self._buffer[:size]
+        return taken
+
+    def _readline(self, limit: int) -> bytes:
+        searched = 0
+        while True:
+            newline = self._buffer.find(b"\n", searched, limit)
+            if newline >= 0:
+                return self._take(newline + 1)
+            if len(self._buffer) >= limit:
+                return self._take(limit)
+            searched = len(self._buffer)
+            if not self._fill():
+                return self._take(len(self._buffer))
+
     def _read_exactly(self, length: int) -> bytes | None:
-        parts: list[bytes] = []
-        remaining = length
-        while remaining:
-            part = self.stream.read(min(remaining, BODY_CHUNK))
-            if not part:
+        while len(self._buffer) < length:
+            if not self._fill():
                 return None
-            parts.append(part)
-            remaining -= len(part)
-        return b"".join(parts)
+        return self._take(length)
 
 
 class TorchProtocol(LanguageServerProtocol):
@@ -111,19 +145,18 @@ class TorchProtocol(LanguageServerProtocol):
         # pygls removes a request's future when it answers, but never the ones it files under
         # a fresh uuid for notifications and the steps of its built-in handlers.
         loop = asyncio.get_running_loop()
-        loop_thread = threading.get_ident()
 
         def forget(done: Any) -> None:
             if self._request_futures.get(msg_id) is done:
                 del self._request_futures[msg_id]
 
-        def forget_on_loop(done: Any) -> None:
-            if threading.get_ident() == loop_thread:
-                forget(done)
-            else:  # a thread-pool handler finished: touch the table on the loop's thread only
+        def forget_later(done: Any) -> None:
+            # Later, on the loop's thread: a future can finish inside a loop over the table
+            # (`shutdown` cancels every pending one), or on a handler thread.
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to keep
                 loop.call_soon_threadsafe(forget, done)
 
-        future.add_done_callback(forget_on_loop)
+        future.add_done_callback(forget_later)
 
     def receive(self, data: Any) -> None:
         """Deserialise and dispatch one decoded JSON value, answering what pygls would not."""
@@ -148,8 +181,11 @@ class TorchProtocol(LanguageServerProtocol):
         try:
             message = self.structure_message(data)
         except JsonRpcException:
+            if "method" not in data:
+                self.fail_pending(data.get("id"))
+                return
             if not is_request:
-                logger.warning("ignoring a malformed %s message", data.get("method", "response"))
+                logger.warning("ignoring a malformed %s notification", data["method"])
                 return
             # pygls raises InternalError for some shapes of bad params; both mean the client
             # sent params this method cannot take, unless nobody handles the method at all.
@@ -159,6 +195,17 @@ class TorchProtocol(LanguageServerProtocol):
                 self.answer_error(request_id, JsonRpcMethodNotFound.of(data["method"]))
             return
         self.handle_message(message)
+
+    def fail_pending(self, request_id: Any) -> None:
+        """A response we cannot read (a client answering `null` where a result is required):
+        fail the request that waits for it, or its handler would wait forever."""
+        logger.warning("malformed response from the client to request %r", request_id)
+        if not isinstance(request_id, (int, str)):
+            return
+        self._result_types.pop(request_id, None)
+        future = self._request_futures.pop(request_id, None)
+        if future is not None and not future.done():
+            future.set_exception(JsonRpcInternalError("malformed response from the client"))
 
     def knows(self, method: str) -> bool:
         return (
@@ -171,29 +218,56 @@ class TorchProtocol(LanguageServerProtocol):
         self._send_response(request_id, error=error.to_response_error())
 
 
+FRAMES_AHEAD = 64
+"""Frames the reading thread may hold before the loop takes them (back-pressure on the client)."""
+
+
+def _read_frames(
+    reader: FrameReader, loop: asyncio.AbstractEventLoop, frames: asyncio.Queue[bytes | None]
+) -> None:
+    """The reading thread: hand each frame body to the loop; None at end of input."""
+    while True:
+        try:
+            body = reader.read_body()
+        except (OSError, ValueError):  # stdin closed under us
+            body = None
+        try:
+            asyncio.run_coroutine_threadsafe(frames.put(body), loop).result()
+        except RuntimeError:  # the loop is gone: the server is exiting
+            return
+        if body is None:
+            return
+
+
 async def _serve(server: LanguageServer, reader: FrameReader, stop: threading.Event) -> int | None:
     protocol = server.protocol
     assert isinstance(protocol, TorchProtocol)
-    loop = asyncio.get_running_loop()
-    # One thread only reads: stdin is never read by two threads at once, and blocking reads
-    # never wait behind handlers on the server's own thread pool.
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchls-stdin") as stdin_thread:
-        while not stop.is_set():
-            body = await loop.run_in_executor(stdin_thread, reader.read_body)
-            if body is None:
-                return None  # the client closed our stdin without `exit`
-            try:
-                data = json.loads(body)
-            except (ValueError, RecursionError) as error:  # not JSON, or nested beyond reason
-                logger.warning("ignoring a frame that is not usable JSON: %s", error)
-                continue
-            try:
-                protocol.receive(data)
-            except SystemExit as done:  # pygls ends `exit` with sys.exit(status)
-                return done.code if isinstance(done.code, int) else 1
-            except Exception as error:  # a handler bug must not end the session
-                logger.exception("unable to handle a message")
-                server._report_server_error(error, JsonRpcException)
+    frames: asyncio.Queue[bytes | None] = asyncio.Queue(FRAMES_AHEAD)
+    # A daemon thread, not an executor: a read blocked on stdin must not keep the process alive
+    # after `exit` (executors join their threads at interpreter exit, and a client may wait for
+    # our exit before it closes our stdin).
+    threading.Thread(
+        target=_read_frames,
+        args=(reader, asyncio.get_running_loop(), frames),
+        name="torchls-stdin",
+        daemon=True,
+    ).start()
+    while not stop.is_set():
+        body = await frames.get()
+        if body is None:
+            return None  # the client closed our stdin without `exit`
+        try:
+            data = json.loads(body)
+        except (ValueError, RecursionError) as error:  # not JSON, or nested beyond reason
+            logger.warning("ignoring a frame that is not usable JSON: %s", error)
+            continue
+        try:
+            protocol.receive(data)
+        except SystemExit as done:  # pygls ends `exit` with sys.exit(status)
+            return done.code if isinstance(done.code, int) else 1
+        except Exception as error:  # a handler bug must not end the session
+            logger.exception("unable to handle a message")
+            server._report_server_error(error, JsonRpcException)
     return None
 
 
@@ -206,7 +280,7 @@ def serve(server: LanguageServer, stdin: BinaryIO, stdout: BinaryIO) -> int:
     server._stop_event = stop
     server.protocol.set_writer(StdoutWriter(stdout))
     try:
-        status = asyncio.run(_serve(server, FrameReader(stdin), stop))
+        status = asyncio.run(_serve(server, FrameReader(partial(os.read, stdin.fileno())), stop))
     except BrokenPipeError:
         logger.error("the connection to the client is lost; exiting")
         status = None
