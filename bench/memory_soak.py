@@ -89,8 +89,8 @@ def _resolve(future: asyncio.Future, count: int) -> None:
 
 
 async def run(edits: int, wait_every: int, source: Path) -> None:
-    folder = Path(tempfile.mkdtemp(prefix="torchls-soak-"))
-    uri = (folder / "soak.py").as_uri()
+    # Only the URI is needed: the document lives in the editor, never on disk.
+    uri = (Path(tempfile.gettempdir()) / "torchls-soak" / "soak.py").as_uri()
     editor = Editor(source.read_text(encoding="utf-8"))
     client = LanguageClient("torchls-soak", "0")
     published: dict[int, asyncio.Future] = {}
