@@ -132,7 +132,8 @@ def parse_source(text: str) -> ParsedSource:
         # An editor buffer may keep the byte-order mark, which Python accepts only in bytes.
         # A form feed has the same length and is ignored at the start of a line.
         working[0] = "\f" + working[0][1:]
-    for row, line in enumerate(working, start=1):
+    nul_rows = enumerate(working, start=1) if "\x00" in text else ()
+    for row, line in nul_rows:
         # Python refuses a whole text with a NUL anywhere (and says neither where nor why
         # in a way we can recover from); blank those lines alone.
         if "\x00" in line:
