@@ -1,4 +1,4 @@
-"""Isolation a forked child applies to itself: session, rlimits, PID/network namespaces.
+"""Isolation a forked child applies to itself: session, rlimits, PID/IPC/network namespaces.
 
 In: the limits the server chose. Out: what held, as a dict for the report. Used by the warm
 worker, whose children are forked rather than started by the server (a cold run gets the same
@@ -21,6 +21,7 @@ import signal
 import sys
 from typing import Any
 
+CLONE_NEWIPC = 0x08000000
 CLONE_NEWNET = 0x40000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWUSER = 0x10000000
@@ -96,10 +97,22 @@ def new_namespaces(network: bool) -> dict[str, bool]:
     libc = _libc()
     if libc is None:
         return {"pid_namespace": False, "network": False}
-    wanted = CLONE_NEWPID | (CLONE_NEWNET if network else 0)
-    for flags in (wanted, wanted | CLONE_NEWUSER, CLONE_NEWPID | CLONE_NEWUSER, CLONE_NEWPID):
+    # An IPC namespace per run: SysV shared memory one run leaves must not reach the next
+    # (it would also stay allocated for the worker's whole life).
+    wanted = CLONE_NEWPID | CLONE_NEWIPC | (CLONE_NEWNET if network else 0)
+    for flags in (
+        wanted,
+        wanted | CLONE_NEWUSER,
+        CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUSER,
+        CLONE_NEWPID | CLONE_NEWUSER,
+        CLONE_NEWPID,
+    ):
         if libc.unshare(flags) == 0:
-            held = {"pid_namespace": True, "network": bool(flags & CLONE_NEWNET)}
+            held = {
+                "pid_namespace": True,
+                "network": bool(flags & CLONE_NEWNET),
+                "ipc_namespace": bool(flags & CLONE_NEWIPC),
+            }
             if flags & CLONE_NEWUSER:
                 held["capabilities_dropped"] = drop_capabilities()
             return held

@@ -110,7 +110,7 @@ class Shared:
         self.mode = stat.S_IMODE(status.st_mode)
         parent = os.stat(os.path.dirname(path.rstrip("/")) or "/")
         self.mount = status.st_dev != parent.st_dev  # a tmpfs of its own: compare its usage
-        self.used = _used(path) if self.mount else 0
+        self.used = _used(path) if self.mount else (0, 0)
 
     def clear(self) -> bool:
         """Remove what runs left; True when nothing that takes space is left."""
@@ -119,15 +119,19 @@ class Shared:
         remove_contents(self.path)
         try:
             if self.mount:
-                return _used(self.path) <= self.used
+                # Bytes and inodes: empty files, links and folders left (a tree too deep to
+                # clear) take no bytes but would still greet the next run.
+                bytes_used, inodes_used = _used(self.path)
+                return bytes_used <= self.used[0] and inodes_used <= self.used[1]
             return not os.listdir(self.path)
         except OSError:
             return False
 
 
-def _used(path: str) -> int:
+def _used(path: str) -> tuple[int, int]:
+    """(bytes, inodes) in use on the file system of `path`."""
     status = os.statvfs(path)
-    return (status.f_blocks - status.f_bfree) * status.f_frsize
+    return (status.f_blocks - status.f_bfree) * status.f_frsize, status.f_files - status.f_ffree
 
 
 def remove_contents(folder: str) -> None:

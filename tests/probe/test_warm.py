@@ -106,3 +106,68 @@ def test_closing_a_session_while_its_worker_starts_leaves_nothing(tmp_path, monk
     session.close()
     assert not list(tmp_path.glob("torchls-repro-*"))
     assert leftovers(str(tmp_path)) == []
+
+
+def printed(report) -> str:
+    return report.data["output"]["head"] + report.data["output"]["tail"]
+
+
+DEEP = ["d"] * 70  # deeper than the worker clears
+PLANT_DEEP = f"""\
+import os
+
+for base in ("/tmp", "/dev/shm"):
+    folder = os.path.join(base, *{DEEP!r})
+    os.makedirs(folder)
+    open(os.path.join(folder, "PLANTED"), "w").close()
+"""
+FIND_DEEP = """\
+import os
+
+left = [base for base in ("/tmp", "/dev/shm") if os.path.lexists(os.path.join(base, "d"))]
+print("LEFT", left)
+"""
+
+
+def test_a_tree_too_deep_to_clear_never_reaches_the_next_run(warm_repro):
+    """The worker empties the shared folders after each run, down to a depth; an empty file
+    70 folders down took no bytes, so the worker thought itself clean and the next run found
+    it. Now inodes count too: the worker is replaced."""
+    warm_repro(PLANT_DEEP, name="plant_deep.py")
+    report, _ = warm_repro(FIND_DEEP, name="find_deep.py")
+    assert "LEFT []" in printed(report), printed(report)
+
+
+SHM_KEY = 0x70C4  # IPC_CREAT is 0o1000
+PLANT_SHM = f"""\
+import ctypes
+
+libc = ctypes.CDLL(None, use_errno=True)
+print("PLANTED", libc.shmget({SHM_KEY}, 1 << 20, 0o1600))
+"""
+FIND_SHM = f"""\
+import ctypes
+
+libc = ctypes.CDLL(None, use_errno=True)
+print("SEEN", libc.shmget({SHM_KEY}, 0, 0))
+"""
+
+
+def test_sysv_shared_memory_does_not_outlive_a_warm_run(warm_repro):
+    """Warm runs shared the worker's IPC namespace: a SysV segment one run created stayed
+    allocated (host memory, outside every limit) and readable by every later run."""
+    planted, _ = warm_repro(PLANT_SHM, name="plant_shm.py")
+    assert "PLANTED -1" not in printed(planted) and "PLANTED" in printed(planted)
+    report, _ = warm_repro(FIND_SHM, name="find_shm.py")
+    assert "SEEN -1" in printed(report), printed(report)
+
+
+def test_worker_lines_are_split_across_reads_and_overlong_ones_dropped():
+    from torchls.probe.warm import LineSplitter
+
+    lines = LineSplitter(limit=10)
+    assert lines.feed(b'{"a"') == []
+    assert lines.feed(b': 1}\n{"b": 2}\nxx') == [b'{"a": 1}', b'{"b": 2}']
+    assert lines.feed(b"y" * 20) == []  # past the limit: dropped up to its end
+    assert lines.feed(b"zz\n{}\n") == [b"{}"]
+    assert lines.feed(b"0123456789\n") == [b"0123456789"]

@@ -129,8 +129,21 @@ class RunFolder:
             if not (parent == root or parent.startswith(root + os.sep)) or os.path.islink(parent):
                 return
             with contextlib.suppress(OSError):
-                os.chmod(parent, 0o700)
-                function(path)
+                os.chmod(parent, 0o700)  # removing an entry needs its folder writable
+            if function in (os.unlink, os.remove, os.rmdir):
+                with contextlib.suppress(OSError):
+                    function(path)
+                return
+            # Opening or listing failed (`os.open`, `os.scandir`...: a folder the code locked,
+            # mode 000): unlock that folder and remove it whole. Never call `function` here,
+            # its arguments are not ours to guess; and recurse only once it is unlocked.
+            if os.path.islink(path):
+                return
+            try:
+                os.chmod(path, 0o700)
+            except OSError:
+                return
+            shutil.rmtree(path, onerror=retry)
 
         if self.root.is_symlink() or not self.root.is_dir():
             return

@@ -81,6 +81,41 @@ def _key(prepared: Prepared) -> tuple[Any, ...]:
     )
 
 
+class LineSplitter:
+    """Splits the worker's output into lines, dropping any line longer than `limit`.
+
+    Linear in the bytes fed: a run writing one endless line into the worker's pipe must not
+    make the server re-scan what it already holds on every read (it did: 100 % CPU for the
+    whole run)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._partial: list[bytes] = []  # the unfinished line, joined once it ends
+        self._partial_size = 0
+        self._skipping = False  # the current line went past the limit: drop it to its end
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """The lines `chunk` completes."""
+        lines = []
+        *finished, rest = chunk.split(b"\n")
+        for piece in finished:
+            if not self._skipping and self._partial_size + len(piece) <= self.limit:
+                lines.append(b"".join([*self._partial, piece]))
+            self._partial.clear()
+            self._partial_size = 0
+            self._skipping = False
+        if self._skipping:
+            return lines
+        if self._partial_size + len(rest) > self.limit:
+            self._partial.clear()
+            self._partial_size = 0
+            self._skipping = True
+        elif rest:
+            self._partial.append(rest)
+            self._partial_size += len(rest)
+        return lines
+
+
 class WarmWorker:
     def __init__(self, prepared: Prepared) -> None:
         self.key = _key(prepared)
@@ -141,7 +176,7 @@ class WarmWorker:
         assert self.process.stdout is not None
         self._selector = selectors.DefaultSelector()
         self._selector.register(self.process.stdout, selectors.EVENT_READ)
-        self._buffer = b""
+        self._lines = LineSplitter(MESSAGE_LIMIT)
         self._ids = itertools.count(1)
         self.info: dict[str, Any] | None = None
         self.lock = threading.Lock()
@@ -170,7 +205,7 @@ class WarmWorker:
         try:
             self.process.stdin.write((json.dumps(message) + "\n").encode("utf-8"))
             self.process.stdin.flush()
-        except OSError as error:
+        except (OSError, ValueError) as error:  # ValueError: its pipe is already closed
             raise WorkerError(f"the warm worker is gone: {error}") from None
 
     def _messages(self, timeout: float) -> list[dict[str, Any]]:
@@ -180,10 +215,7 @@ class WarmWorker:
             chunk = os.read(self.process.stdout.fileno(), 65536)
             if not chunk:
                 raise WorkerError(f"the warm worker exited: {self._stderr_tail()}")
-            *lines, self._buffer = (self._buffer + chunk).split(b"\n")
-            if len(self._buffer) > MESSAGE_LIMIT:
-                self._buffer = b""
-            for line in lines:
+            for line in self._lines.feed(chunk):
                 try:
                     message = json.loads(line)
                 except (ValueError, RecursionError):  # a run's child may write anything here
@@ -214,7 +246,9 @@ class WarmWorker:
 
     def serves(self, prepared: Prepared) -> bool:
         info = self.info
-        if info is None or self.process.poll() is not None or sys.platform != "linux":
+        if info is None or self.dirty or self.process.poll() is not None:
+            return False
+        if sys.platform != "linux":
             return False
         if info.get("cuda") or info.get("mps"):
             return False
@@ -312,6 +346,9 @@ class WarmWorker:
                 held = bool(child.get("pid_namespace")) or layer.held
                 detail = "own PID namespace per run" if child.get("pid_namespace") else layer.detail
                 layer = Layer("pid_namespace", held, detail)
+            if layer.name == "capabilities" and child.get("capabilities_dropped") is False:
+                # The run's own user namespace gave it capabilities the worker could not drop.
+                layer = Layer("capabilities", False, "NOT dropped in the run's user namespace")
             layers.append(layer)
         memory_kind = "RLIMIT_DATA" if limits.use_data_limit else "RLIMIT_AS"
         layers += [
@@ -420,14 +457,15 @@ class ReproSession:
         worker = self._ready_worker(prepared)
         if worker is not None and worker.lock.acquire(blocking=False):
             try:
-                return worker.run(prepared, on_progress, cancel_event)
+                if worker.serves(prepared):  # checked again under the lock: not dirty since
+                    return worker.run(prepared, on_progress, cancel_event)
             except WorkerError:
                 self._drop(worker)
             finally:
-                worker.lock.release()
                 if worker.dirty:  # replaced before the next run, which would inherit the mess
-                    self._drop(worker)
+                    self._drop(worker)  # still holding its lock: nobody runs on it meanwhile
                     self.prewarm_prepared(prepared)
+                worker.lock.release()
         if self.warm and prepared.resolved.device in ("cpu", "auto"):
             self.prewarm_prepared(prepared)
         return run_cold(prepared, on_progress, cancel_event)
