@@ -2,12 +2,13 @@
 
 Each test states the wanted behaviour and would fail again if its bug came back: files a run
 plants where the server reads its results, warm runs that break or alter later warm runs, the
-user's home readable from the sandbox, writes bounded per file but not in total (and the
-capabilities a warm run held in its own user namespace, which could get around that bound), a
-process limit reported on macOS but not applied, and a traceback where the platform is not
-supported. A
-failure stays bounded: runs that used to hang or exhaust memory go through a separate "server"
-process under an address-space limit and a wall-clock cut-off (`run_capped`).
+user's home readable from the sandbox (also through a spec naming a file outside the project),
+a flat-layout editable install in the home not importable, writes bounded per file but not in
+total (and the capabilities a warm run held in its own user namespace, which could get around
+that bound), a /dev/shm too small for DataLoader batches, a process limit reported on macOS but
+not applied, and a traceback where the platform is not supported. A failure stays bounded: runs
+that used to hang or exhaust memory go through a separate "server" process under an
+address-space limit and a wall-clock cut-off (`run_capped`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ import pytest
 
 from tests.probe.support import bwrap_usable, layer
 from tests.robustness.test_regressions import ROOT, run_capped
-from torchls.probe import ReproOptions, ReproSession, run_repro
+from torchls.probe import ReproOptions, ReproSession, ReproUsageError, run_repro
+from torchls.probe.options import DEFAULT_MEMORY_MB
 from torchls.probe.prepare import prepare
 from torchls.probe.scratch import Unreadable, read_head_tail, read_regular, read_tail
 
@@ -407,11 +409,199 @@ def test_without_bubblewrap_the_home_and_disk_layers_do_not_hold(tmp_path: Path)
     assert {"home", "disk", "filesystem", "probe_code"} <= set(degraded), degraded
 
 
+# == editable installs ===========================================================================
+
+USE_MYLIB = "import mylib\n\nprint('MYLIB', mylib.VALUE, mylib.helper.NAME)\n"
+
+
+def editable_venv(home: Path, mapping: dict[str, str]) -> tuple[Path, Path]:
+    """A venv inside `home` whose site-packages sees this interpreter's (torch) through a path
+    `.pth`, and has `mylib` installed editable the way setuptools >= 64 installs a package
+    without a src folder: `__editable__.mylib-0.1.pth` imports a finder module holding
+    `MAPPING`. Returns the venv's python and its site-packages folder."""
+    import venv
+
+    editable_wheel = pytest.importorskip("setuptools.command.editable_wheel")
+    folder = home / "venvs" / "mylib"
+    venv.create(folder, with_pip=False, symlinks=True)
+    python = folder / "bin" / "python"
+    site = folder / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    torch_site = Path(pytest.importorskip("torch").__file__).parent.parent
+    (site / "base.pth").write_text(f"{torch_site}\n")
+    finder = "__editable___mylib_0_1_finder"
+    text = editable_wheel._finder_template("__editable__.mylib-0.1.finder", mapping, {})
+    (site / f"{finder}.py").write_text(text)
+    (site / "__editable__.mylib-0.1.pth").write_text(f"import {finder}; {finder}.install()\n")
+    return python, site
+
+
+def make_mylib(home: Path) -> Path:
+    package = home / "code" / "mylib" / "mylib"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("from mylib import helper\n\nVALUE = 42\n")
+    (package / "helper.py").write_text("NAME = 'helper'\n")
+    return package
+
+
+@needs_bwrap
+def test_a_flat_layout_editable_install_in_the_home_is_importable(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """setuptools >= 64 installs a package without a src folder in editable mode as a `.pth`
+    that imports a finder module whose `MAPPING` names the package folder. `.pth` import lines
+    used to be skipped, so with that folder in the (hidden) home `import mylib` failed inside
+    the sandbox. Now the finder is read as text, its MAPPING parsed with `ast`, and the folders
+    it names bound back read-only; the rest of the home stays hidden."""
+    home = tmp_path / "home"
+    secret, targets = plant_secrets(home)
+    package = make_mylib(home)
+    python, _site = editable_venv(home, {"mylib": str(package)})
+    monkeypatch.setenv("HOME", str(home))
+    project = tmp_path / "project"
+    project.mkdir()
+    path = project / "use_mylib.py"
+    path.write_text(USE_MYLIB + READ_HOME)
+    report = run_repro(path, ReproOptions(python=str(python), timeout_s=30.0, argv=targets))
+    output = output_of(report)
+    assert report.status == "ok", output
+    assert "MYLIB 42 helper\n" in output, output
+    assert secret not in json.dumps(report.data)
+    home_layer = layer(report, "home")
+    assert home_layer["held"] and str(package) in home_layer["detail"], home_layer
+
+
+FINDER_SIDE_EFFECT = """\
+open({marker!r}, "w").write("executed")
+MAPPING = {{"mylib": {package!r}, "mod": {module!r}, "bad": 3, "rel": "relative/path"}}
+NAMESPACES: dict[str, list[str]] = {{"ns": [{namespace!r}]}}
+"""
+
+
+def test_editable_finders_are_parsed_not_run_and_malformed_ones_ignored(tmp_path: Path) -> None:
+    from torchls.probe import sandbox
+
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (tmp_path / "mod.py").write_text("X = 1\n")
+    namespace = tmp_path / "ns"
+    namespace.mkdir()
+    marker = tmp_path / "executed"
+    finder = tmp_path / "__editable___x_finder.py"
+    finder.write_text(
+        FINDER_SIDE_EFFECT.format(
+            marker=str(marker),
+            package=str(package),
+            module=str(tmp_path / "mod"),
+            namespace=str(namespace),
+        )
+    )
+    found = sandbox.editable_finder_paths(finder)
+    assert found == [package, tmp_path / "mod.py", namespace], found
+    assert not marker.exists()
+    for text in (
+        "MAPPING = {",  # not Python
+        "MAPPING = dict(mylib=" + repr(str(package)) + ")",  # not a literal
+        "MAPPING = [" + repr(str(package)) + "]",  # not a dict
+        "MAPPING = {'a': " + repr(str(package)) + "}\n#" + "x" * sandbox.FINDER_LIMIT,  # too big
+        "[" * 100_000 + "]" * 100_000,  # too deep for the parser
+    ):
+        finder.write_text(text)
+        assert sandbox.editable_finder_paths(finder) == [], text[:40]
+    assert sandbox.editable_finder_paths(tmp_path / "missing.py") == []
+
+
+# == spec references =============================================================================
+
+STEPS = """\
+import torch
+
+
+def make(device):
+    return (torch.ones(2, requires_grad=True),)
+
+
+def train_step(x):
+    x.sum().backward()
+"""
+
+
+def project_in_home(tmp_path: Path, monkeypatch) -> tuple[Path, Path, Path]:
+    """A downloaded project inside a (hidden) home, with a sibling folder holding a key."""
+    home = tmp_path / "home"
+    project = home / "work" / "project"
+    (project / "helpers").mkdir(parents=True)
+    (project / "helpers" / "steps.py").write_text(STEPS)
+    (project / "train.py").write_text(CLEAN)
+    secret = home / "work" / "secret"
+    secret.mkdir()
+    (secret / "key").write_text(f"FAKE-KEY-{uuid.uuid4().hex}")
+    monkeypatch.setenv("HOME", str(home))
+    return home, project, secret
+
+
+@pytest.mark.parametrize(
+    "reference",
+    ["../secret/nothing.py:setup", "{secret}/nothing.py:setup", "link/nothing.py:setup"],
+)
+def test_a_spec_cannot_name_files_outside_the_project(
+    tmp_path: Path, monkeypatch, reference: str
+) -> None:
+    """The folder of a spec's `step` or `setup` file is bound back into the sandbox, and it was
+    taken as written: a downloaded project's spec with `setup: "../secret/nothing.py:setup"`
+    made a sibling folder of the project, inside the hidden home, readable by the run (the
+    home layer still said held). Now a reference outside the project root, as written or
+    through a symbolic link, is refused before anything runs."""
+    _home, project, secret = project_in_home(tmp_path, monkeypatch)
+    (project / "link").symlink_to(secret)
+    reference = reference.format(secret=secret)
+    spec = project / "repro.yaml"
+    spec.write_text(f"step: helpers/steps.py:train_step\nsetup: {json.dumps(reference)}\n")
+    options = ReproOptions(python=sys.executable, spec=str(spec))
+    with pytest.raises(ReproUsageError) as refused:
+        prepare(project / "train.py", options)
+    message = str(refused.value)
+    assert "\n" not in message and reference in message, message
+    assert f"outside the project root {project}" in message, message
+
+
+def test_the_cli_refuses_a_spec_naming_files_outside_the_project(
+    tmp_path: Path, monkeypatch
+) -> None:
+    _home, project, _secret = project_in_home(tmp_path, monkeypatch)
+    (project / "repro.yaml").write_text("step: ../secret/nothing.py:step\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "torchls", "repro", "train.py", "--spec", "repro.yaml"],
+        capture_output=True,
+        text=True,
+        cwd=project,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("torchls: error: ") and "outside the project root" in line, line
+
+
+@pytest.mark.parametrize("sandbox", SANDBOXES)
+def test_a_spec_naming_files_inside_the_project_still_runs(
+    tmp_path: Path, monkeypatch, sandbox: str
+) -> None:
+    _home, project, secret = project_in_home(tmp_path, monkeypatch)
+    spec = project / "repro.yaml"
+    spec.write_text("step: helpers/steps.py:train_step\nsetup: helpers/./steps.py:make\nsteps: 1\n")
+    options = ReproOptions(python=sys.executable, spec=str(spec), timeout_s=30.0, sandbox=sandbox)
+    assert str(secret) not in map(str, prepare(project / "train.py", options).read_paths)
+    report = run_repro(project / "train.py", options)
+    assert report.status == "ok", output_of(report)
+    assert report.data["progress"]["backward_calls"] == 1, report.data["progress"]
+
+
 # == total writes =================================================================================
 
 # Two 1 MB chunks per file, up to 32 files per folder, in every place a run might write.
 FILL = textwrap.dedent(
     """\
+    import json
     import os
 
     chunk = b"x" * (1 << 20)
@@ -428,13 +618,13 @@ FILL = textwrap.dedent(
                         written[folder] += len(chunk)
             except OSError:
                 break
-    print("WRITTEN", sum(written.values()), written)
+    print("WRITTEN", json.dumps(written))
     """
 )
 
 
-def written_by(report) -> int:
-    return int(output_of(report).split("WRITTEN ", 1)[1].split()[0])
+def written_by(report) -> dict[str, int]:
+    return json.loads(output_of(report).split("WRITTEN ", 1)[1].splitlines()[0])
 
 
 @needs_bwrap
@@ -443,11 +633,14 @@ def test_a_run_cannot_write_without_bound_across_files(tmp_path: Path, runner: s
     """RLIMIT_FSIZE caps each file, not the total: with a 2 MB limit a run used to write 32
     files of 2 MB in the scratch folder (the host's disk), /tmp, /var/tmp and /dev/shm (the
     host's memory), 192 MB here. Now every writable place inside bubblewrap is a private tmpfs
-    of the file-size limit (the scratch, /tmp, /var/tmp, /dev/shm; /dev and /run are
-    read-only): at most 4 x 2 MB in all, cold or warm."""
+    (/dev and /run are read-only): the scratch, /tmp and /var/tmp of the file-size limit each,
+    /dev/shm of the memory limit (shared memory: see the DataLoader test below), cold or warm.
+    The folder above HOME lies on the scratch or on /tmp, so it shares their bound."""
     path = tmp_path / "fill.py"
     path.write_text(FILL)
+    limit = 2 << 20
     options = ReproOptions(python=sys.executable, timeout_s=30.0, file_size_mb=2)
+    memory = DEFAULT_MEMORY_MB << 20
     session = ReproSession(warm=runner == "warm")
     try:
         if runner == "warm":
@@ -457,8 +650,80 @@ def test_a_run_cannot_write_without_bound_across_files(tmp_path: Path, runner: s
         session.close()
     assert report.data["timing"]["runner"] == runner
     written = written_by(report)
-    assert written <= 4 * (2 << 20), f"{written >> 20} MB written with a 2 MB file-size limit"
-    assert layer(report, "disk")["held"], layer(report, "disk")
+    home = next(iter(written))
+    above = os.path.dirname(home)
+    mb = {folder: size >> 20 for folder, size in written.items()}
+    for folder in (home, "/tmp", "/var/tmp"):
+        assert written[folder] <= limit, f"{mb} MB written with a 2 MB file-size limit"
+    assert written[home] + written[above] + written["/tmp"] <= 2 * limit, mb
+    assert written["/dev"] == written["/run"] == 0, mb
+    assert limit < written["/dev/shm"] <= memory, mb
+    disk = layer(report, "disk")
+    assert disk["held"] and f"/dev/shm: a private tmpfs of {DEFAULT_MEMORY_MB} MB" in disk["detail"]
+
+
+# Fills /dev/shm the way DataLoader workers do (many shared buffers, each under the file-size
+# limit), well past the file-size limit in all.
+SHARED_MEMORY = """\
+import os
+
+chunk = b"x" * (15 << 20)
+for number in range(20):
+    with open(f"/dev/shm/batch-{number}", "wb") as handle:
+        handle.write(chunk)
+total = sum(os.path.getsize(f"/dev/shm/batch-{number}") for number in range(20))
+print("SHARED", total >> 20)
+"""
+
+
+@needs_bwrap
+def test_dev_shm_holds_batches_beyond_the_file_size_limit(tmp_path: Path) -> None:
+    """DataLoader workers pass every batch through /dev/shm. Sizing it like the other private
+    tmpfs (the file-size limit, 256 MB by default) broke ordinary image training with
+    num_workers > 0 ("unable to allocate shared memory ... No space left on device"), which
+    worked when /dev/shm was unsized. Now it is sized by the memory limit: 300 MB fit with a
+    16 MB file-size limit."""
+    path = tmp_path / "shared.py"
+    path.write_text(SHARED_MEMORY)
+    options = ReproOptions(python=sys.executable, timeout_s=30.0, file_size_mb=16)
+    report = run_repro(path, options)
+    assert report.status == "ok", output_of(report)
+    assert "SHARED 300\n" in output_of(report), output_of(report)
+
+
+@needs_bwrap
+def test_dev_shm_is_sized_by_the_memory_limit_and_the_rest_by_the_file_size_limit(
+    tmp_path: Path,
+) -> None:
+    from torchls.probe import sandbox
+
+    limits = sandbox.limits_for(1024, 30.0, 16, 64, "cpu")
+    launch = sandbox.plan(
+        python=Path(sys.executable),
+        probe_dir=tmp_path,
+        scratch=tmp_path / "home",
+        cwd=tmp_path,
+        read_paths=[],
+        limits=limits,
+        mode="bwrap",
+    )
+    try:
+        argv = launch.argv_prefix
+        sizes = {argv[i + 3]: argv[i + 1] for i, a in enumerate(argv[:-3]) if a == "--size"}
+        assert sizes == {
+            "/dev/shm": str(1024 << 20),
+            "/tmp": str(16 << 20),
+            "/var/tmp": str(16 << 20),
+            str(tmp_path / "home"): str(16 << 20),
+        }, sizes
+        disk = next(item for item in launch.layers if item.name == "disk")
+        assert (
+            disk.held and "/dev/shm: a private tmpfs of 1024 MB, the memory limit (" in disk.detail
+        )
+        assert "/tmp, /var/tmp: private tmpfs of 16 MB each (the file-size limit)" in disk.detail
+        assert "1072 MB in all" in disk.detail, disk.detail
+    finally:
+        launch.close()
 
 
 # Capabilities of the run's code, and whether it can make a user namespace of its own (where it

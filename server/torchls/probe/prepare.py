@@ -2,12 +2,14 @@
 
 In: the target path and `ReproOptions`. Out: a `Prepared` run (the JSON request the probe will
 read, the interpreter, the folders the sandbox must keep readable) or `ReproUsageError`, also on
-a platform the probe does not support (Windows). Shared by
-the cold runner and the warm worker so that both run exactly the same request.
+a platform the probe does not support (Windows) and for a spec whose `step` or `setup` names a
+file outside the project root (its folder would be bound into the sandbox). Shared by the cold
+runner and the warm worker so that both run exactly the same request.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,13 +82,30 @@ def prepare(path: str | Path, options: ReproOptions | None) -> Prepared:
     reads = [file.parent, root]
     if spec is not None:
         reads.append(spec.path.absolute().parent)
-        for reference in (spec.step, spec.setup):
+        for key, reference in (("step", spec.step), ("setup", spec.setup)):
             other, _, _name = (reference or "").rpartition(":")
             if other:
                 target = Path(other) if Path(other).is_absolute() else file.parent / other
+                _confine(spec.path, key, reference or "", target, root)
                 reads.append(target.absolute().parent)
     command = options.command or _command(file, options)
     return Prepared(file, root, python, probe_package(), resolved, spec, tuple(reads), command)
+
+
+def _confine(spec: Path, key: str, reference: str, target: Path, root: Path) -> None:
+    """Refuse a spec reference outside the project root: its folder is bound back into the
+    sandbox, so a downloaded project's spec could otherwise expose any folder of the home.
+    Checked as written (`..` folded) and with symbolic links resolved."""
+    written = Path(os.path.normpath(target.absolute()))
+    real = Path(os.path.realpath(target))
+    if written.is_relative_to(Path(os.path.normpath(root))) and real.is_relative_to(
+        Path(os.path.realpath(root))
+    ):
+        return
+    raise ReproUsageError(
+        f"{spec}: {key} {reference!r} is outside the project root {root}: a spec may only "
+        "name files inside the project (pass --root to widen it)"
+    )
 
 
 def _command(file: Path, options: ReproOptions) -> str:

@@ -8,12 +8,13 @@ the report. Layers:
 - bubblewrap (when installed and working): no network; a read-only view of `/` in which the
   user's home folders (`$HOME`, and as root `/root` and `/home`) and `/run` are empty read-only
   folders and `/dev` is read-only; the only writable places are private, size-limited tmpfs
-  (the scratch folder, `/tmp`, `/var/tmp`, `/dev/shm`: `tmpfs_mb` each) and the report and
-  output files bound one by one (RLIMIT_FSIZE each); what the run needs from a hidden folder
-  (the project, the interpreter and its venv, `.pth` entries, toolkit folders named in the
-  environment, the probe) is bound back read-only; a PID namespace (killing bwrap kills every
-  descendant); all capabilities dropped (as root, bwrap alone would let the child remount `/`
-  read-write: measured here).
+  (the scratch folder, `/tmp`, `/var/tmp`: `tmpfs_mb` each; `/dev/shm`: `shm_mb`, the memory
+  limit, since DataLoader workers pass whole batches through it) and the report and output files
+  bound one by one (RLIMIT_FSIZE each); what the run needs from a hidden folder (the project,
+  the interpreter and its venv, `.pth` entries and the package folders of setuptools' editable
+  finders, toolkit folders named in the environment, the probe) is bound back read-only; a PID
+  namespace (killing bwrap kills every descendant); all capabilities dropped (as root, bwrap
+  alone would let the child remount `/` read-write: measured here).
 - everywhere: own session/process group, wall-clock kill (process.py), RLIMIT_AS (RLIMIT_DATA
   on CUDA, whose address-space reservations RLIMIT_AS breaks), RLIMIT_CPU, RLIMIT_FSIZE,
   RLIMIT_NPROC (not binding on root, so a pids cgroup where allowed), no core files, a minimal
@@ -28,6 +29,7 @@ The probe needs POSIX rlimits, process groups and fork: `ensure_supported` turns
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import ctypes
 import functools
@@ -39,10 +41,11 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from importlib.machinery import all_suffixes
 from pathlib import Path
 
 from torchls.probe.cgroup import PidsCgroup
-from torchls.probe.options import ReproUsageError
+from torchls.probe.options import DEFAULT_MEMORY_MB, ReproUsageError
 
 try:
     import resource
@@ -86,6 +89,11 @@ SYSTEM_DIRS = (
 PATH_VARIABLES = ("CUDA_HOME", "CUDA_PATH", "CONDA_PREFIX", "VIRTUAL_ENV", "TORCH_HOME")
 PTH_LIMIT = 64 << 10  # bytes read from one .pth file
 PTH_FILES = 200  # .pth files read per site-packages folder
+FINDER_LIMIT = 256 << 10  # bytes of one setuptools editable finder; a larger one is ignored
+FINDER_PATHS = 200  # paths taken from one finder
+# `import __editable___NAME_finder; ...`: setuptools >= 64 editable installs without a src
+# folder, whose package folders are in that module's MAPPING (and NAMESPACES) literals.
+EDITABLE_FINDER = re.compile(r"import\s+(__editable___\w+_finder)\s*(?:;|$)")
 
 SECRET_NAME = re.compile(
     r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE|AUTH|SESSION|COOKIE|SSH_|GPG_",
@@ -129,7 +137,15 @@ class Limits:
     file_size_mb: int
     max_processes: int
     use_data_limit: bool = False  # RLIMIT_DATA instead of RLIMIT_AS (CUDA)
-    tmpfs_mb: int = 0  # size of each private writable tmpfs inside bubblewrap (0: unbounded)
+    # Size of the private scratch, /tmp and /var/tmp inside bubblewrap (0: unbounded).
+    tmpfs_mb: int = 0
+    # Size of the private /dev/shm: shared memory (DataLoader batches), so the memory limit;
+    # 0: memory_mb, or the default memory limit where that is 0 too (the warm worker).
+    shm_mb: int = 0
+
+    @property
+    def dev_shm_mb(self) -> int:
+        return self.shm_mb or self.memory_mb or DEFAULT_MEMORY_MB
 
 
 @dataclass
@@ -157,9 +173,10 @@ class View:
     homes: tuple[Path, ...]  # hidden behind an empty read-only folder
     exposed: tuple[Path, ...]  # homes a needed path brings back whole
     rebound: tuple[Path, ...]  # needed paths inside a home, bound back read-only
-    private: tuple[str, ...]  # private writable tmpfs besides the scratch
-    sized: bool  # the private tmpfs have a size limit
+    private: tuple[str, ...]  # private writable tmpfs besides the scratch (/dev/shm last)
+    sized: bool  # the scratch, /tmp and /var/tmp have a size limit
     no_userns: bool = False  # no user namespace can be created inside
+    shm_mb: int = 0  # the size of /dev/shm (0: unbounded)
 
 
 def platform_problem() -> str | None:
@@ -267,7 +284,9 @@ def limits_for(
     # CPU time sums all threads and includes the torch import: the wall clock is the real
     # bound, this one only stops a child that outlived it (cores x timeout + slack).
     cpu = int(timeout_s * max(1, os.cpu_count() or 1)) + 30
-    return Limits(memory_mb, cpu, file_size_mb, max_processes, _cuda_possible(device), file_size_mb)
+    return Limits(
+        memory_mb, cpu, file_size_mb, max_processes, _cuda_possible(device), file_size_mb, memory_mb
+    )
 
 
 def plan(
@@ -315,6 +334,7 @@ def plan(
             outputs=outputs,
             results=results,
             tmpfs_mb=limits.tmpfs_mb,
+            shm_mb=limits.dev_shm_mb,
             env=env,
             no_userns=not own_namespaces,
         )
@@ -459,34 +479,52 @@ def _home_layer(view: View) -> Layer:
 def _disk_layer(
     view: View, limits: Limits, outputs: bool, results: bool, own_namespaces: bool
 ) -> Layer:
-    places = ["the scratch folder", *view.private]
+    file_places = ["the scratch folder", *(p for p in view.private if p != "/dev/shm")]
+    places = ", ".join(file_places)
+    shm = (
+        f"/dev/shm: a private tmpfs of {view.shm_mb} MB, {_shm_source(limits)} (shared "
+        "memory: DataLoader workers pass their batches through it)"
+        if view.shm_mb
+        else "/dev/shm: a private tmpfs without a size limit"
+    )
     files = ""
     if outputs:
         files = f"; report and output files on disk: RLIMIT_FSIZE ({limits.file_size_mb} MB) each"
     if results and view.sized and limits.tmpfs_mb > 0:
         files = f"; reports and output: a private tmpfs of {2 * limits.tmpfs_mb} MB"
-    if not view.sized or limits.tmpfs_mb <= 0:
+    if not view.sized or limits.tmpfs_mb <= 0 or not view.shm_mb:
+        # /dev/shm is sized whenever this bubblewrap can size a tmpfs at all.
+        why = (
+            "no file-size limit was set"
+            if view.shm_mb
+            else "this bubblewrap has no --size: 0.7 or later needed"
+        )
         return Layer(
             "disk",
             False,
-            f"NOT bounded: {', '.join(places)} are tmpfs without a size limit (this bubblewrap "
-            "has no --size: 0.7 or later needed)" + files,
+            f"NOT bounded: {places} are tmpfs without a size limit ({why}); {shm}" + files,
         )
+    sizes = f"{places}: private tmpfs of {limits.tmpfs_mb} MB each (the file-size limit); {shm}"
     if not (view.no_userns or own_namespaces):
         return Layer(
             "disk",
             False,
-            f"NOT bounded: {', '.join(places)} are tmpfs of {limits.tmpfs_mb} MB each, but the "
-            "code can make a user namespace and mount a tmpfs of its own (this bubblewrap has no "
-            "--disable-userns: 0.8 or later needed)" + files,
+            f"NOT bounded: {sizes}; but the code can make a user namespace and mount a tmpfs of "
+            "its own (this bubblewrap has no --disable-userns: 0.8 or later needed)" + files,
         )
-    total = limits.tmpfs_mb * len(places)
+    total = limits.tmpfs_mb * len(file_places) + view.shm_mb
     return Layer(
         "disk",
         True,
-        f"{', '.join(places)}: private tmpfs of {limits.tmpfs_mb} MB each ({total} MB in all, "
-        f"in memory, gone with the sandbox); /dev and /run read-only" + files,
+        f"{sizes}; {total} MB in all, in memory, gone with the sandbox; /dev and /run read-only"
+        + files,
     )
+
+
+def _shm_source(limits: Limits) -> str:
+    if limits.shm_mb or limits.memory_mb:
+        return "the memory limit"
+    return "the default memory limit whatever a run's own"
 
 
 def bwrap_prefix(
@@ -500,6 +538,7 @@ def bwrap_prefix(
     outputs: tuple[Path, ...] = (),
     results: Path | None = None,
     tmpfs_mb: int = 0,
+    shm_mb: int = 0,
     env: dict[str, str] | None = None,
     no_userns: bool = False,
 ) -> tuple[list[str], View]:
@@ -511,6 +550,8 @@ def bwrap_prefix(
     sized = tmpfs_mb > 0 and bwrap_sizes_tmpfs()
     size = ["--size", str(tmpfs_mb << 20)] if sized else []
     shared = ["--perms", "1777", *size] if sized else []
+    shm_mb = shm_mb if shm_mb > 0 and bwrap_sizes_tmpfs() else 0
+    shm = ["--perms", "1777", "--size", str(shm_mb << 20)] if shm_mb else []
     no_userns = no_userns and bwrap_disables_userns()
     args = [bwrap, *_BWRAP_BASE]
     if no_userns:
@@ -519,7 +560,7 @@ def bwrap_prefix(
     for device in [*sorted(Path("/dev").glob("nvidia*")), Path("/dev/dri")]:
         if device.exists():
             args += ["--dev-bind", str(device), str(device)]
-    args += [*shared, "--tmpfs", "/dev/shm", "--remount-ro", "/dev", "--proc", "/proc"]
+    args += [*shm, "--tmpfs", "/dev/shm", "--remount-ro", "/dev", "--proc", "/proc"]
     homes = home_dirs()
     private = [d for d in PRIVATE_DIRS if os.path.isdir(d) and not os.path.islink(d)]
     empty = [d for d in EMPTY_DIRS if os.path.isdir(d) and not os.path.islink(d)]
@@ -554,7 +595,7 @@ def bwrap_prefix(
     args += ["--chdir", str(cwd), "--"]
     exposed = tuple(home for home in homes if home in kept)
     rebound = tuple(p for p in kept if any(_under(p, h) for h in homes) and p not in homes)
-    view = View(tuple(homes), exposed, rebound, (*private, "/dev/shm"), sized, no_userns)
+    view = View(tuple(homes), exposed, rebound, (*private, "/dev/shm"), sized, no_userns, shm_mb)
     return args, view
 
 
@@ -617,7 +658,9 @@ def interpreter_paths(python: Path) -> list[Path]:
 
 def site_paths(python: Path) -> list[Path]:
     """Folders that `.pth` files in the interpreter's site-packages add to `sys.path` (editable
-    installs, often under the home). Read as text, never executed; `import` lines are skipped."""
+    installs, often under the home), and the package folders (or module files) of setuptools'
+    editable finders that a `.pth` imports. Read as text, never executed; other `import` lines
+    are skipped."""
     found: list[Path] = []
     for prefix in dict.fromkeys(interpreter_paths(python)):
         try:
@@ -630,19 +673,70 @@ def site_paths(python: Path) -> list[Path]:
             except OSError:
                 continue
             for pth in pth_files:
-                try:
-                    with open(pth, encoding="utf-8", errors="replace") as handle:
-                        text = handle.read(PTH_LIMIT)
-                except OSError:
-                    continue
+                text = _read_head(pth, PTH_LIMIT).decode("utf-8", "replace")
                 for line in text.splitlines():
                     line = line.strip()
-                    if not line or line.startswith(("#", "import ", "import\t")):
+                    if line.startswith(("import ", "import\t")):
+                        finder = EDITABLE_FINDER.match(line)
+                        if finder:
+                            found += editable_finder_paths(site / f"{finder.group(1)}.py")
+                        continue
+                    if not line or line.startswith("#"):
                         continue
                     path = Path(line) if os.path.isabs(line) else site / line
-                    if path.is_dir():
+                    if os.path.isdir(path):  # False, not an error, for a name too long
                         found.append(path)
     return found
+
+
+def editable_finder_paths(finder: Path) -> list[Path]:
+    """The package folders (and single-module files) a setuptools editable finder maps to:
+    the values of its `MAPPING` and `NAMESPACES` literals, parsed with `ast`, never imported.
+    Anything malformed, oversized or not an absolute path that exists is ignored."""
+    data = _read_head(finder, FINDER_LIMIT + 1)
+    if len(data) > FINDER_LIMIT:
+        return []  # cut short, it would parse as something else or not at all
+    try:
+        tree = ast.parse(data.decode("utf-8", "replace"))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    values: list[object] = []
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        else:
+            continue
+        if not isinstance(target, ast.Name) or target.id not in ("MAPPING", "NAMESPACES"):
+            continue
+        try:
+            literal = ast.literal_eval(value)
+        except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+            continue
+        if not isinstance(literal, dict):
+            continue
+        for item in literal.values():  # MAPPING: a path; NAMESPACES: a list of paths
+            values += item if isinstance(item, list) else [item]
+    found: list[Path] = []
+    for value in values[:FINDER_PATHS]:
+        if not isinstance(value, str) or not os.path.isabs(value):
+            continue
+        if os.path.isdir(value):
+            found.append(Path(value))
+            continue
+        # A top-level module is mapped without its suffix (setuptools tries each in turn).
+        found += [Path(value + s) for s in all_suffixes() if os.path.isfile(value + s)]
+    return found
+
+
+def _read_head(path: Path, limit: int) -> bytes:
+    """At most `limit` bytes of `path`; nothing when it cannot be read."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(limit)
+    except OSError:
+        return b""
 
 
 def environment_paths(env: dict[str, str]) -> list[Path]:

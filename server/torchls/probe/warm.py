@@ -77,6 +77,7 @@ def _key(prepared: Prepared) -> tuple[Any, ...]:
         options.sandbox,
         options.pass_env,
         options.file_size_mb,  # sizes the worker's private tmpfs
+        prepared.resolved.memory_mb,  # sizes its /dev/shm
         tuple(keep_paths([prepared.root, *prepared.read_paths])),
     )
 
@@ -193,7 +194,14 @@ class WarmWorker:
             own_namespaces=True,
             cwd=prepared.root,
             read_paths=list(prepared.read_paths),
-            limits=Limits(0, 0, 0, options.max_processes, tmpfs_mb=options.file_size_mb),
+            limits=Limits(
+                0,
+                0,
+                0,
+                options.max_processes,
+                tmpfs_mb=options.file_size_mb,
+                shm_mb=prepared.resolved.memory_mb,
+            ),
             mode=options.sandbox,
             extra_env=options.pass_env,
         )
