@@ -1,10 +1,13 @@
-"""Helpers shared by the probe tests: finding codes, sandbox layers, leftover processes."""
+"""Helpers shared by the probe tests: finding codes, sandbox layers, leftover processes, and
+one run cold or warm."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
-from torchls.probe import ReproReport
+from torchls.probe import ReproOptions, ReproReport, ReproSession
+from torchls.probe.prepare import prepare
 from torchls.probe.sandbox import bwrap_works
 
 
@@ -39,3 +42,15 @@ def layer(report: ReproReport, name: str) -> dict[str, object]:
         if item["name"] == name:
             return item
     raise AssertionError(f"no sandbox layer {name!r}")
+
+
+def run_as(runner: str, path: Path, options: ReproOptions) -> ReproReport:
+    """One run of `path` through a fresh session: "cold", or "warm" (the worker started first,
+    so the run is served by it)."""
+    session = ReproSession(warm=runner == "warm")
+    try:
+        if runner == "warm":
+            session.prewarm_prepared(prepare(path, options), wait=True)
+        return session.run(path, options)
+    finally:
+        session.close()

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from tests.probe import cases
-from tests.probe.support import bwrap_usable, layer, leftovers
+from tests.probe.support import bwrap_usable, layer, leftovers, run_as
 from torchls.probe import ReproOptions, ReproSession
 from torchls.probe.prepare import prepare
 
@@ -218,13 +218,7 @@ def test_secret_values_are_invisible_cold_and_warm(project, monkeypatch, runner)
     path = project / "train.py"
     path.write_text(ENVIRONMENT)
     options = ReproOptions(python=sys.executable, timeout_s=30.0, pass_env=("HF_TOKEN",))
-    session = ReproSession(warm=runner == "warm")
-    try:
-        if runner == "warm":
-            session.prewarm_prepared(prepare(path, options), wait=True)
-        report = session.run(path, options)
-    finally:
-        session.close()
+    report = run_as(runner, path, options)
     assert report.data["timing"]["runner"] == runner
     assert report.status == "ok", output_of(report)
     assert secret not in json.dumps(report.data)

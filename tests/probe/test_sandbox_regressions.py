@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.probe.support import bwrap_usable, layer
+from tests.probe.support import bwrap_usable, layer, run_as
 from tests.robustness.test_regressions import ROOT, run_capped
 from torchls.probe import ReproOptions, ReproSession, ReproUsageError, run_repro
 from torchls.probe.options import DEFAULT_MEMORY_MB
@@ -641,13 +641,7 @@ def test_a_run_cannot_write_without_bound_across_files(tmp_path: Path, runner: s
     limit = 2 << 20
     options = ReproOptions(python=sys.executable, timeout_s=30.0, file_size_mb=2)
     memory = DEFAULT_MEMORY_MB << 20
-    session = ReproSession(warm=runner == "warm")
-    try:
-        if runner == "warm":
-            session.prewarm_prepared(prepare(path, options), wait=True)
-        report = session.run(path, options)
-    finally:
-        session.close()
+    report = run_as(runner, path, options)
     assert report.data["timing"]["runner"] == runner
     written = written_by(report)
     home = next(iter(written))
@@ -756,13 +750,7 @@ def test_the_runs_code_holds_no_capability_and_no_user_namespace(
     path = tmp_path / "caps.py"
     path.write_text(CAPABILITIES)
     options = ReproOptions(python=sys.executable, timeout_s=30.0)
-    session = ReproSession(warm=runner == "warm")
-    try:
-        if runner == "warm":
-            session.prewarm_prepared(prepare(path, options), wait=True)
-        report = session.run(path, options)
-    finally:
-        session.close()
+    report = run_as(runner, path, options)
     output = output_of(report)
     assert report.data["timing"]["runner"] == runner
     assert "CAPEFF 0\n" in output, output
@@ -793,6 +781,21 @@ def test_an_older_bubblewrap_runs_and_says_what_it_cannot_bound(
 # == platforms ====================================================================================
 
 
+def plan_without_bwrap(folder: Path, limits):
+    """The launch plan for a run without bubblewrap, every path in `folder`."""
+    from torchls.probe import sandbox
+
+    return sandbox.plan(
+        python=Path(sys.executable),
+        probe_dir=folder,
+        scratch=folder,
+        cwd=folder,
+        read_paths=[],
+        limits=limits,
+        mode="none",
+    )
+
+
 def test_a_process_limit_reported_on_macos_is_applied(monkeypatch, tmp_path: Path) -> None:
     """On macOS, as a normal user, `plan()` reported "processes: held, RLIMIT_NPROC (this
     user's processes + N)" while the preexec function set RLIMIT_NPROC only on Linux (it
@@ -805,15 +808,7 @@ def test_a_process_limit_reported_on_macos_is_applied(monkeypatch, tmp_path: Pat
     monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
     monkeypatch.setattr(sandbox.PidsCgroup, "create", classmethod(lambda cls, limit: None))
     limits = sandbox.Limits(memory_mb=4096, cpu_s=60, file_size_mb=16, max_processes=64)
-    launch = sandbox.plan(
-        python=Path(sys.executable),
-        probe_dir=tmp_path,
-        scratch=tmp_path,
-        cwd=tmp_path,
-        read_paths=[],
-        limits=limits,
-        mode="none",
-    )
+    launch = plan_without_bwrap(tmp_path, limits)
     monkeypatch.undo()
     [processes] = [layer for layer in launch.layers if layer.name == "processes"]
     assert processes.held and "RLIMIT_NPROC" in processes.detail, processes
@@ -841,15 +836,7 @@ def test_a_process_limit_that_cannot_be_counted_is_not_claimed(monkeypatch, tmp_
     monkeypatch.setattr(sandbox.PidsCgroup, "create", classmethod(lambda cls, limit: None))
     monkeypatch.setattr(sandbox, "_user_process_count", lambda: None)
     limits = sandbox.Limits(memory_mb=4096, cpu_s=60, file_size_mb=16, max_processes=64)
-    launch = sandbox.plan(
-        python=Path(sys.executable),
-        probe_dir=tmp_path,
-        scratch=tmp_path,
-        cwd=tmp_path,
-        read_paths=[],
-        limits=limits,
-        mode="none",
-    )
+    launch = plan_without_bwrap(tmp_path, limits)
     [processes] = [layer for layer in launch.layers if layer.name == "processes"]
     assert not processes.held and "NOT limited" in processes.detail
 
