@@ -154,4 +154,5 @@ def test_github_annotations(project):
         f"::error file=buggy.py,line={line},col={column},"
         f"endLine={line},endColumn={column + 9},title=TL106::buggy.py:{line}:{column}: TL106 "
     ) in result.stdout
-    assert result.stdout.count("::warning ") == 2  # TL302 and TL303
+    assert result.stdout.count("::warning ") == 1  # TL303
+    assert result.stdout.count("::notice ") == 1  # TL302 (information)

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 
-def step(model, x, y, path):
+def step(model: torch.nn.Module, x, y, path):
     probs = F.softmax(model(x), dim=1)
     loss = F.cross_entropy(probs, y)
     state = torch.load(path, map_location="cpu", weights_only=False)

@@ -1,8 +1,10 @@
-"""Golden-file support: run the analysis on a fixture and render its findings as text lines.
+"""Golden-file support: run one rule on a fixture and render its findings as text lines.
 
 In: a fixture path. Out: lines `row:col: CODE [applicability] message` (1-based column), the
-format of the `.expected` files kept next to each fixture. Regenerate a file by hand-checking
-`python -m tests.rules.golden FIXTURE.py` output; never copy it over blindly.
+format of the `.expected` files kept next to each fixture. A fixture in `fixtures/TLxxx/` is
+checked with rule TLxxx alone, so a new rule never changes another rule's golden files; that
+negative fixtures stay quiet under every rule is a separate test. Regenerate a file by
+hand-checking `python -m tests.rules.golden FIXTURE.py` output; never copy it over blindly.
 """
 
 from __future__ import annotations
@@ -21,14 +23,22 @@ def render(finding: Finding) -> str:
     return f"{start.row}:{start.column + 1}: {finding.code}{applicability} {finding.message}"
 
 
-def findings_for(path: Path) -> list[Finding]:
-    result = analyze(path.read_bytes(), str(path))
+def rule_of(path: Path) -> str:
+    """The rule a fixture is pinned to: the name of its folder (`TL207`)."""
+    return path.parent.name
+
+
+def findings_for(path: Path, only: str | None = None) -> list[Finding]:
+    """Findings of every rule, or of rule `only` alone."""
+    enabled = None if only is None else (lambda code: code == only)
+    result = analyze(path.read_bytes(), str(path), enabled=enabled)
     assert result.error is None, result.error
     return result.findings
 
 
 def rendered(path: Path) -> list[str]:
-    return [render(finding) for finding in findings_for(path)]
+    """The fixture's findings under its own rule, as `.expected` lines."""
+    return [render(finding) for finding in findings_for(path, only=rule_of(path))]
 
 
 def fixture_files() -> list[Path]:

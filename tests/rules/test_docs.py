@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from torchls.analysis import all_rules
+from torchls.analysis import all_rules, get_rule
 
 
 def _catalog_path() -> Path:
@@ -65,3 +65,25 @@ def test_rule_matches_catalog(rule) -> None:
         assert rule.fix == "unsafe"
     elif fix in ("none", ""):
         assert rule.fix == "none"
+
+
+def _probe_codes() -> list[str]:
+    return sorted(code for code in _catalog() if code.startswith("TL9"))
+
+
+@pytest.mark.parametrize("code", _probe_codes())
+def test_probe_finding_is_documented_as_the_catalog_says(code: str) -> None:
+    rule = get_rule(code)
+    assert rule is not None, f"`torchls rule {code}` has nothing to print"
+    name, severity, _ = _catalog()[code]
+    assert (rule.name, rule.severity) == (
+        name,
+        {"E": "error", "W": "warning", "I": "information"}[severity],
+    )
+    for section in SECTIONS:
+        assert section in rule.doc, f"{code} doc lacks {section!r}"
+    assert list(rule.check(None)) == []  # type: ignore[arg-type]
+
+
+def test_probe_findings_are_not_static_rules() -> None:
+    assert not any(rule.code.startswith("TL9") for rule in all_rules())

@@ -97,6 +97,39 @@ GRAD_DISABLING = {
     "torch.autograd.grad_mode.no_grad",
     "torch.autograd.inference_mode",
 }
+# `nn.Module` methods that return the module itself: `model.to(device).train()` is `model`.
+RETURNS_RECEIVER = {
+    "to",
+    "cuda",
+    "cpu",
+    "xpu",
+    "float",
+    "double",
+    "half",
+    "bfloat16",
+    "train",
+    "eval",
+    "requires_grad_",
+    "share_memory",
+    "to_empty",
+}
+# Methods whose result is plain data about a module or optimizer, never the object itself.
+STATE_METHODS = {"state_dict", "parameters", "named_parameters", "buffers", "named_buffers"}
+# Expressions that build a plain value (a dict, a list, a string, ...).
+DATA_DISPLAYS = (
+    ast.Dict,
+    ast.DictComp,
+    ast.List,
+    ast.ListComp,
+    ast.Set,
+    ast.SetComp,
+    ast.Tuple,
+    ast.JoinedStr,
+)
+# Distributed autograd (RPC): gradients live in a per-context map, never in `.grad`.
+DIST_AUTOGRAD = "torch.distributed.autograd."
+# Methods whose result carries no autograd graph (a Python value, or a tensor cut from it).
+DETACHING_METHODS = {"detach", "item", "numpy", "tolist", "cpu_numpy"}
 PASS_THROUGH_METHODS = {
     "to",
     "cuda",
@@ -119,11 +152,15 @@ PASS_THROUGH_METHODS = {
 
 @dataclass(frozen=True)
 class ObjectKind:
-    """What a name holds: `kind` is model, loss, optimizer, scheduler, scaler or loader."""
+    """What a name holds: `kind` is model, loss, optimizer, scheduler, scaler or loader, or
+    "data" for a value known to be none of them (a dict or list display, a `state_dict()`)."""
 
     kind: str
     detail: str = ""  # constructor's short name: "CrossEntropyLoss", "StepLR", ...
     node: ast.AST | None = None  # the constructor call when it is in this file
+    # Guessed from the variable's name alone (where the value comes from is out of sight):
+    # good enough to follow a model, never enough to report one.
+    by_name: bool = False
 
 
 @dataclass(frozen=True)
@@ -534,6 +571,26 @@ class Facts:
                 return alias
         return None
 
+    def returns_receiver(self, expr: ast.AST | None) -> bool:
+        """`expr` is a call of a method that returns the object it is called on (for a module:
+        `.to()`, `.cuda()`, `.float()`, `.train()`, `.eval()`, `.requires_grad_()`, ...)."""
+        return (
+            isinstance(expr, ast.Call)
+            and isinstance(expr.func, ast.Attribute)
+            and expr.func.attr in RETURNS_RECEIVER
+        )
+
+    def same_object(self, expr: ast.AST | None) -> ast.AST | None:
+        """The object a chain of receiver-returning calls starts from: `model` for
+        `model.to(device).train()` or `model.eval().cpu()`; `expr` itself otherwise."""
+        if not isinstance(expr, ast.Call):
+            return expr
+        steps = 0
+        while self.returns_receiver(expr) and steps < MAX_DEPTH * 4:
+            expr = expr.func.value  # type: ignore[union-attr]
+            steps += 1
+        return expr
+
     # ------------------------------------------------------------------ bindings
     def reaching_assignment(self, name: ast.Name) -> Assignment | None:
         """The assignment of `name` that most plausibly reaches this use: the last one before
@@ -559,6 +616,17 @@ class Facts:
                 return max(before, key=lambda a: (a.stmt.lineno, a.stmt.col_offset))
             return None
         return None
+
+    def uses_of(self, stmt: ast.stmt, name: str) -> list[ast.Name]:
+        """The reads of `name` that the binding made by `stmt` reaches, in its own scope."""
+        scope = self.scope(stmt)
+        uses = []
+        for node in self.scope_nodes.get(scope, ()):
+            if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load):
+                assignment = self.reaching_assignment(node)
+                if assignment is not None and assignment.stmt is stmt:
+                    uses.append(node)
+        return sorted(uses, key=lambda n: (n.lineno, n.col_offset))
 
     def assignments_of(self, name: str, scope: ScopeNode) -> list[Assignment]:
         return self.assignments.get(scope, {}).get(name, [])
@@ -619,23 +687,56 @@ class Facts:
                 found = self.kind_of(value, depth + 1)
                 if found is not None:
                     return found
+            annotated = self._annotated_kind(expr)
+            if annotated is not None:
+                return annotated
             name = expr.id if isinstance(expr, ast.Name) else expr.attr
             return self._kind_from_name(name)
+        if isinstance(expr, DATA_DISPLAYS) or (
+            isinstance(expr, ast.Constant) and expr.value is not None
+        ):
+            return ObjectKind("data", type(expr).__name__, expr)
         return None
+
+    def _annotated_kind(self, expr: ast.Name | ast.Attribute) -> ObjectKind | None:
+        """`model` in `def fit(model: nn.Module)`: a parameter typed as a module."""
+        if not isinstance(expr, ast.Name):
+            return None
+        function = self.scope(expr)
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return None
+        args = function.args
+        annotation = None
+        for group in (args.args, args.kwonlyargs, args.posonlyargs):
+            for arg in group:
+                if arg.arg == expr.id:
+                    annotation = arg.annotation
+                    break
+        if annotation is None:
+            return None
+        kind = None
+        qualname = self.qualname(annotation) or ""
+        if qualname in ("torch.nn.Module", "torch.nn.modules.module.Module"):
+            kind = ObjectKind("model", "Module")
+        elif isinstance(annotation, ast.Name) and self.module_class(annotation.id):
+            kind = ObjectKind("model", annotation.id)
+        if kind is None or self.reaching_assignment(expr) is not None:
+            return None  # not a module type, or rebound: the annotation no longer applies
+        return kind
 
     def _kind_from_name(self, name: str) -> ObjectKind | None:
         if "sched" in name.lower():
-            return ObjectKind("scheduler")
+            return ObjectKind("scheduler", by_name=True)
         if "scaler" in name.lower():
-            return ObjectKind("scaler")
+            return ObjectKind("scaler", by_name=True)
         if OPTIMIZER_NAME_RE.match(name):
-            return ObjectKind("optimizer")
+            return ObjectKind("optimizer", by_name=True)
         if LOSS_NAME_RE.match(name):
-            return ObjectKind("loss")
+            return ObjectKind("loss", by_name=True)
         if LOADER_NAME_RE.search(name):
-            return ObjectKind("loader")
+            return ObjectKind("loader", by_name=True)
         if MODEL_NAME_RE.match(name):
-            return ObjectKind("model")
+            return ObjectKind("model", by_name=True)
         return None
 
     def _kind_of_call(self, call: ast.Call, depth: int) -> ObjectKind | None:
@@ -651,7 +752,7 @@ class Facts:
             "transformers.get_scheduler",
         ):
             return ObjectKind("scheduler", short, call)
-        if qualname.startswith("torch.optim.") or (
+        if qualname.startswith(("torch.optim.", "torch.distributed.optim.")) or (
             qualname.endswith(("optim.AdamW", "optim.Adam", "optim.SGD")) and qualname
         ):
             return ObjectKind("optimizer", short, call)
@@ -682,7 +783,11 @@ class Facts:
             found = owner.kind_of(returned, depth + 1)
             if found is not None:
                 return found
-        if method in ("to", "cuda", "cpu", "float", "half", "double", "train", "eval"):
+        if method in STATE_METHODS and not call.args:
+            return ObjectKind("data", method, call)
+        if qualname in ("copy.deepcopy", "copy.copy") and len(call.args) == 1:
+            return self.kind_of(call.args[0], depth + 1)
+        if self.returns_receiver(call):
             return self.kind_of(self.receiver(call), depth + 1)
         return None
 
@@ -692,6 +797,41 @@ class Facts:
         from torchls.analysis.schedulers import scheduler_cadence
 
         return scheduler_cadence(self, expr)
+
+    @cached_property
+    def cuda_only_scopes(self) -> set[ast.AST]:
+        """Scopes (module level, functions) that move a model to CUDA unconditionally."""
+        from torchls.analysis.devices import cuda_only_scopes
+
+        return cuda_only_scopes(self)
+
+    def requires_cuda(self, node: ast.AST) -> bool:
+        """`node` runs where the script cannot work without CUDA anyway (its scope, module
+        level or every caller moves the model to CUDA unconditionally)."""
+        from torchls.analysis.devices import requires_cuda
+
+        return requires_cuda(self, node)
+
+    @cached_property
+    def mentions_cuda(self) -> bool:
+        """The file refers to CUDA anywhere (`.cuda()`, `"cuda"`, `torch.cuda`)."""
+        from torchls.analysis.devices import mentions_cuda
+
+        return mentions_cuda(self)
+
+    def rank_dependent(self, test: ast.AST) -> bool:
+        """True when the condition `test` is true on some ranks of a distributed run and false
+        on others (`rank == 0`, `local_rank in (-1, 0)`); `local_rank != -1`, `world_size > 1`
+        and `dist.is_initialized()` hold on every rank alike."""
+        from torchls.analysis.ranks import rank_dependent
+
+        return rank_dependent(self, test)
+
+    def restricts_ranks(self, test: ast.AST) -> bool:
+        """The body of `if test:` runs on a subset of ranks (an `and` keeps the restriction)."""
+        from torchls.analysis.ranks import restricts_ranks
+
+        return restricts_ranks(self, test)
 
     def is_kind(self, expr: ast.AST | None, kind: str) -> bool:
         found = self.kind_of(expr)
@@ -736,7 +876,9 @@ class Facts:
         if isinstance(expr, ast.Call):
             method = self.method_name(expr)
             receiver = self.receiver(expr)
-            if method in PASS_THROUGH_METHODS and receiver is not None:
+            if receiver is not None and (
+                method in PASS_THROUGH_METHODS or self.returns_receiver(expr)
+            ):
                 return self.origins(receiver, depth + 1, (*via, expr))
             module_origins = self._module_call_origins(expr, depth, via)
             if module_origins is not None:
@@ -808,7 +950,7 @@ class Facts:
             qualname = self.call_qualname(value) or ""
             if qualname.startswith("torch.nn.") and self.short_name(value)[:1].isupper():
                 return self, value
-            if self.method_name(value) in ("to", "cuda", "cpu") and self.receiver(value):
+            if self.returns_receiver(value):
                 value = self.binding_value(self.receiver(value)) or (
                     self.receiver(value) if isinstance(self.receiver(value), ast.Call) else None
                 )
@@ -862,7 +1004,7 @@ class Facts:
                 if found is not None:
                     break
                 receiver = self.receiver(value)
-                if self.method_name(value) in ("to", "cuda", "cpu", "float", "train", "eval"):
+                if self.returns_receiver(value):
                     value = self.binding_value(receiver) if receiver is not None else None
                     if value is None and isinstance(receiver, ast.Call):
                         value = receiver
@@ -935,6 +1077,51 @@ class Facts:
         ]
         return returns or None
 
+    # ------------------------------------------------------------------ autograd graphs
+    def graph_forwards(self, expr: ast.AST, depth: int = 0) -> set[ast.Call]:
+        """The forward calls (`model(x)`, `self.net(x)`) whose autograd graph the value of
+        `expr` is built from, following local assignments, the tensors a call takes and a
+        tensor method's receiver; `.detach()`, `.item()`, `.data` and values computed under
+        `no_grad` cut the graph. A module's own object (its constructor, `.to(device)`) is never
+        part of it: its parameters are leaves, so two calls of one module build two graphs."""
+        found: set[ast.Call] = set()
+        if depth > MAX_DEPTH:
+            return found
+        todo: list[ast.AST] = [expr]
+        while todo:
+            node = todo.pop()
+            if isinstance(node, ast.Call):
+                if self.method_name(node) in DETACHING_METHODS:
+                    continue
+                func = node.func
+                is_forward = isinstance(func, (ast.Name, ast.Attribute)) and self.is_kind(
+                    func, "model"
+                )
+                if is_forward:
+                    found.add(node)
+                elif isinstance(func, ast.Attribute):
+                    todo.append(func.value)  # `out.pow(2)`: the receiver is a graph tensor
+                todo.extend(node.args)
+                todo.extend(keyword.value for keyword in node.keywords)
+                continue
+            if isinstance(node, ast.Name):
+                if isinstance(node.ctx, ast.Load):
+                    assignment = self.reaching_assignment(node)
+                    if (
+                        assignment is not None
+                        and assignment.value is not None
+                        and assignment.loop is None
+                        and not self._in_no_grad_block(assignment.stmt)
+                    ):
+                        found |= self.graph_forwards(assignment.value, depth + 1)
+                continue
+            if isinstance(node, ast.Attribute) and node.attr == "data":
+                continue
+            if isinstance(node, (ast.Lambda, ast.comprehension)):
+                continue
+            todo.extend(ast.iter_child_nodes(node))
+        return found
+
     # ------------------------------------------------------------------ gradient regions
     def grad_disabling_with(self, with_node: ast.With | ast.AsyncWith) -> bool:
         for item in with_node.items:
@@ -955,6 +1142,16 @@ class Facts:
             target = decorator.func if isinstance(decorator, ast.Call) else decorator
             if (self.qualname(target) or "") in GRAD_DISABLING:
                 return True
+        return False
+
+    def _in_no_grad_block(self, node: ast.AST) -> bool:
+        """Inside a `with torch.no_grad():` (or similar) block of its own function."""
+        current = self.parents.get(node)
+        stops = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+        while current is not None and not isinstance(current, stops):
+            if isinstance(current, (ast.With, ast.AsyncWith)) and self.grad_disabling_with(current):
+                return True
+            current = self.parents.get(current)
         return False
 
     def in_no_grad(self, node: ast.AST, depth: int = 0) -> bool:
@@ -1042,6 +1239,15 @@ class Facts:
         if method == "backward":
             return True
         return (self.call_qualname(call) or "") in ("torch.autograd.backward",)
+
+    def accumulates_grad(self, call: ast.Call) -> bool:
+        """A backward() whose gradients are added into the parameters' `.grad` (so someone has
+        to clear them): `loss.backward()`, `torch.autograd.backward(...)`. Distributed
+        autograd (`dist_autograd.backward(context_id, [loss])`) keeps its gradients in the
+        context instead, which is discarded when the `with dist_autograd.context()` ends."""
+        if not self.is_backward(call):
+            return False
+        return not (self.call_qualname(call) or "").startswith(DIST_AUTOGRAD)
 
     def optimizer_of_step(self, call: ast.Call) -> ast.expr | None:
         """For `opt.step()` or `scaler.step(opt)`, the optimizer expression; else None."""

@@ -165,11 +165,39 @@ class ModeAnalysis:
         state = self._expression(stmt, state)
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
             key = self.facts.key(stmt.targets[0])
-            kind = self.facts.kind_of(stmt.value) if isinstance(stmt.value, ast.Call) else None
-            if key is not None and kind is not None and kind.kind == "model" and kind.node:
-                # A freshly built module is in training mode.
-                state = {**state, key: frozenset({ModeFact("train", stmt.value)})}
+            if key is not None and isinstance(stmt.value, ast.Call):
+                state = self._bind(key, stmt.value, state)
         return state
+
+    def _bind(self, key: str, value: ast.Call, state: State) -> State:
+        """`key = value`: a module built here starts in training mode (or in the mode a chained
+        `.train()`/`.eval()` leaves it in); `net = model.to(device)` is `model` itself, and a
+        `copy.deepcopy(model)` starts in `model`'s mode."""
+        facts = self.facts
+        root = facts.same_object(value)
+        if (
+            isinstance(root, ast.Call)
+            and facts.call_qualname(root) in ("copy.deepcopy", "copy.copy")
+            and len(root.args) == 1
+        ):
+            root = facts.same_object(root.args[0])  # a copy keeps the original's mode
+        if not isinstance(root, ast.Call):
+            root_key = facts.key(root)
+            if root_key is not None and root_key != key and root_key in state:
+                return {**state, key: state[root_key]}
+            return state
+        kind = facts.kind_of(root)
+        if kind is None or kind.kind != "model" or not kind.node:
+            return state
+        mode, setter = "train", root
+        link: ast.AST | None = value
+        while link is not root and isinstance(link, ast.Call):
+            method = facts.method_name(link)
+            if method in ("train", "eval") and not link.args and not link.keywords:
+                mode, setter = method, link
+                break
+            link = facts.receiver(link)
+        return {**state, key: frozenset({ModeFact(mode, setter)})}
 
     # ------------------------------------------------------------------ expressions
     def _expression(self, node: ast.AST, state: State) -> State:
@@ -204,7 +232,7 @@ class ModeAnalysis:
             facts = self.facts
             info = CallInfo(
                 facts.method_name(call),
-                facts.key(facts.receiver(call)),
+                facts.key(facts.same_object(facts.receiver(call))),
                 facts.key(call.func),
                 self._is_model_call(call),
                 facts.called_function(call),
@@ -297,7 +325,7 @@ class ModeAnalysis:
         self._pending_entries = {}
         sentinel = frozenset({ModeFact("unchanged", None)})
         keys = {
-            self.facts.key(self.facts.receiver(call))
+            self.facts.key(self.facts.same_object(self.facts.receiver(call)))
             for call in self.facts.calls_in(function)
             if self.facts.method_name(call) in ("train", "eval")
         }
@@ -330,7 +358,7 @@ def _possible_keys(facts: Facts) -> set[str]:
     keys = {
         key
         for call in facts.method_calls("eval", "train")
-        if (key := facts.key(facts.receiver(call))) is not None
+        if (key := facts.key(facts.same_object(facts.receiver(call)))) is not None
     }
     for node in facts.scope_nodes:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):

@@ -75,5 +75,8 @@ def all_rules() -> list[Rule]:
 
 
 def get_rule(code: str) -> Rule | None:
+    """The rule registered under `code`, or the documentation of a TL9xx probe finding."""
+    from torchls.analysis.probe_rules import PROBE_RULES
+
     all_rules()
-    return RULES.get(code.upper())
+    return RULES.get(code.upper()) or PROBE_RULES.get(code.upper())

@@ -5,10 +5,9 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from torchls.analysis.facts import MAX_DEPTH, Facts, FunctionNode
+from torchls.analysis.facts import DETACHING_METHODS, MAX_DEPTH, Facts, FunctionNode
 from torchls.analysis.registry import Hit, rule
 
-DETACHING_METHODS = {"detach", "item", "numpy", "tolist", "cpu_numpy"}
 PARAMETERISED_MODULES = {
     "Linear",
     "LazyLinear",
@@ -45,33 +44,6 @@ PARAMETERISED_MODULES = {
     "TransformerDecoderLayer",
     "PReLU",
 }
-
-
-def _model_calls_feeding(facts: Facts, expr: ast.AST, depth: int = 0) -> set[ast.Call]:
-    """Model calls whose autograd graph `expr` depends on, following local assignments and
-    stopping at `.detach()` / `.item()` and friends."""
-    found: set[ast.Call] = set()
-    if depth > MAX_DEPTH:
-        return found
-    todo = [expr]
-    while todo:
-        node = todo.pop()
-        if isinstance(node, ast.Call):
-            if facts.method_name(node) in DETACHING_METHODS:
-                continue
-            if isinstance(node.func, (ast.Name, ast.Attribute)) and facts.is_kind(
-                node.func, "model"
-            ):
-                found.add(node)
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-            assignment = facts.reaching_assignment(node)
-            if assignment is not None and assignment.value is not None and assignment.loop is None:
-                found |= _model_calls_feeding(facts, assignment.value, depth + 1)
-            continue
-        if isinstance(node, ast.Attribute) and node.attr == "data":
-            continue
-        todo.extend(ast.iter_child_nodes(node))
-    return found
 
 
 def _retains_graph(call: ast.Call) -> bool:
@@ -139,7 +111,7 @@ def backward_twice(facts: Facts) -> Iterator[Hit]:
         # (a generated file can hold tens of thousands of backward() calls).
         freed_by: dict[ast.Call, ast.Call] = {}
         for call in calls:
-            graph = _model_calls_feeding(facts, facts.receiver(call))  # type: ignore[arg-type]
+            graph = facts.graph_forwards(facts.receiver(call))  # type: ignore[arg-type]
             for forward in sorted(graph, key=lambda c: (c.lineno, c.col_offset)):
                 earlier = freed_by.get(forward)
                 if earlier is not None and not _exclusive_branches(facts, earlier, call):

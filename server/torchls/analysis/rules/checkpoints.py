@@ -179,17 +179,148 @@ def checkpoint_config_not_plain_data(facts: Facts) -> Iterator[Hit]:
             )
 
 
+# Reading a loaded value through these keeps looking at the same object.
+_LOOKUPS = {"get", "pop", "items", "values", "keys", "__getitem__"}
+# Using the loaded value as a module or as state to restore: it is a checkpoint.
+_STATE_USES = {
+    "load_state_dict",
+    "eval",
+    "train",
+    "parameters",
+    "named_parameters",
+    "state_dict",
+    "modules",
+    "children",
+}
+# Built-ins that only read a value.
+_READERS = {"len", "print", "isinstance", "list", "tuple", "sorted", "iter", "zip", "enumerate"}
+
+
+def _loaded_use(facts: Facts, load: ast.Call, depth: int = 0) -> str:
+    """What the code does with what `torch.load` returned: "state" (restored into a module or
+    optimizer, or used as a module), "data" (only read as tensors or plain values), or
+    "unknown" (returned, stored, passed on to code we cannot see)."""
+    return _value_use(facts, load, depth)
+
+
+def _value_use(facts: Facts, node: ast.AST, depth: int) -> str:
+    parent = facts.parents.get(node)
+    while True:
+        if isinstance(parent, ast.Subscript) and parent.value is node:
+            node, parent = parent, facts.parents.get(parent)
+            continue
+        if (
+            isinstance(parent, ast.Attribute)
+            and parent.value is node
+            and parent.attr in _LOOKUPS
+            and isinstance(facts.parents.get(parent), ast.Call)
+        ):
+            node = facts.parents[parent]
+            parent = facts.parents.get(node)
+            continue
+        break
+    if isinstance(parent, ast.Attribute) and parent.value is node:
+        return "state" if parent.attr in _STATE_USES else "data"
+    if isinstance(parent, ast.keyword):
+        node, parent = parent, facts.parents.get(parent)
+    if isinstance(parent, ast.Call) and node is not parent.func:
+        if facts.method_name(parent) in _STATE_USES:
+            return "state"
+        if isinstance(parent.func, ast.Name) and parent.func.id in _READERS:
+            return "data"
+        qualname = facts.call_qualname(parent) or ""
+        return "data" if qualname.startswith("torch.") else "unknown"
+    if isinstance(parent, ast.Call):  # the loaded object is called: a pickled module
+        return "state"
+    if isinstance(parent, (ast.For, ast.comprehension)) and node is parent.iter:
+        return "data"
+    if isinstance(parent, (ast.BinOp, ast.Compare, ast.FormattedValue, ast.UnaryOp)):
+        return "data"
+    if isinstance(parent, ast.Assign) and len(parent.targets) == 1 and depth < 3:
+        target = parent.targets[0]
+        names = [target] if isinstance(target, ast.Name) else []
+        if isinstance(target, (ast.Tuple, ast.List)):
+            names = [e for e in target.elts if isinstance(e, ast.Name)]
+            if len(names) != len(target.elts):
+                return "unknown"
+        if not names:
+            return "unknown"  # stored on an object or into a container
+        uses = [use for name in names for use in facts.uses_of(parent, name.id)]
+        if not uses:
+            return "unknown"
+        found = {_value_use(facts, use, depth + 1) for use in uses}
+        for answer in ("state", "unknown"):
+            if answer in found:
+                return answer
+        return "data"
+    return "unknown"
+
+
+def _path_key(facts: Facts, expr: ast.AST | None) -> str | None:
+    if expr is None:
+        return None
+    if isinstance(expr, ast.Constant):
+        return repr(expr.value)
+    return facts.source.segment(expr) or None
+
+
+def _written_here_on_cpu(facts: Facts, load: ast.Call) -> bool:
+    """The file `load` reads is written by `torch.save` in this file (the same path
+    expression), from values that are on the CPU: moved there with `.cpu()`, or the file
+    never touches CUDA at all."""
+    source = load.args[0] if load.args else _keyword(load, "f")
+    path = _path_key(facts, source if not isinstance(source, ast.keyword) else source.value)
+    if path is None:
+        return False
+    saves = [
+        save
+        for save in facts.calls_to(*SAVE)
+        if len(save.args) >= 2 and _path_key(facts, save.args[1]) == path
+    ]
+    if not saves:
+        return False
+    if not facts.mentions_cuda:
+        return True
+    return all(_on_cpu(facts, save.args[0]) for save in saves)
+
+
+def _on_cpu(facts: Facts, value: ast.AST, depth: int = 0) -> bool:
+    """`t.cpu()`, `{k: v.cpu() for ...}`, or a name bound to one of those."""
+    if isinstance(value, ast.Name) and depth < 3:
+        bound = facts.binding_value(value)
+        return bound is not None and _on_cpu(facts, bound, depth + 1)
+    if isinstance(value, ast.DictComp):
+        return _on_cpu(facts, value.value, depth + 1)
+    if isinstance(value, (ast.ListComp, ast.GeneratorExp)):
+        return _on_cpu(facts, value.elt, depth + 1)
+    if isinstance(value, ast.Dict):
+        return all(v is not None and _on_cpu(facts, v, depth + 1) for v in value.values)
+    current: ast.AST | None = value
+    while isinstance(current, ast.Call) and isinstance(current.func, ast.Attribute):
+        if current.func.attr == "cpu":
+            return True
+        if current.func.attr == "to" and any(
+            isinstance(a, ast.Constant) and a.value == "cpu" for a in current.args
+        ):
+            return True
+        current = current.func.value
+    return False
+
+
 @rule(
     "TL302",
     "load-without-map-location",
-    "W",
+    "I",
     "torch.load without map_location",
     fix="unsafe",
 )
 def load_without_map_location(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
-    `torch.load(...)` without `map_location`.
+    `torch.load(...)` without `map_location`, where it can matter: not when the script moves
+    its model to CUDA unconditionally anyway (it cannot run on a CPU-only machine), not when
+    the file was written by this script from CPU tensors, and not when the loaded object is
+    only used as data (never restored into a model or optimizer, returned or passed on).
 
     ## Why it is wrong
     Tensors are restored onto the device they were saved from. A checkpoint written on
@@ -211,6 +342,10 @@ def load_without_map_location(facts: Facts) -> Iterator[Hit]:
         if _keyword(call, "map_location") is not None or len(call.args) >= 2:
             continue
         if not call.args and not call.keywords:
+            continue
+        if facts.requires_cuda(call) or _written_here_on_cpu(facts, call):
+            continue
+        if _loaded_use(facts, call) == "data":
             continue
         arguments = [*call.args, *call.keywords]
         last = max(arguments, key=lambda n: (n.end_lineno or 0, n.end_col_offset or 0))
@@ -369,7 +504,9 @@ def checkpoint_missing_training_state(facts: Facts) -> Iterator[Hit]:
 def saving_whole_module(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
-    `torch.save(model, path)` where `model` is an `nn.Module`.
+    `torch.save(model, path)` where `model` is an `nn.Module`: built from a module class in
+    sight, or a parameter annotated as one. A name alone (`model_state = model.state_dict()`)
+    decides nothing.
 
     ## Why it is wrong
     Pickling the module stores a reference to its class and module path, not just tensors.
@@ -390,8 +527,9 @@ def saving_whole_module(facts: Facts) -> Iterator[Hit]:
         if not call.args or not isinstance(call.args[0], (ast.Name, ast.Attribute)):
             continue
         target = call.args[0]
-        if not facts.is_kind(target, "model"):
-            continue
+        kind = facts.kind_of(target)
+        if kind is None or kind.kind != "model" or kind.by_name:
+            continue  # a name like `model_state` says nothing about what is saved
         text = facts.source.segment(target)
         yield Hit(
             target,
@@ -405,6 +543,77 @@ def saving_whole_module(facts: Facts) -> Iterator[Hit]:
         )
 
 
+def _state_dict_value(facts: Facts, expr: ast.AST, depth: int = 0) -> bool:
+    """`model.state_dict()`, its `.keys()`, or a name bound to one of those."""
+    if depth > 3:
+        return False
+    if isinstance(expr, ast.Name):
+        bound = facts.binding_value(expr)
+        return bound is not None and _state_dict_value(facts, bound, depth + 1)
+    if isinstance(expr, ast.Call) and facts.method_name(expr) == "keys":
+        return _state_dict_value(facts, facts.receiver(expr), depth + 1)  # type: ignore[arg-type]
+    return isinstance(expr, ast.Call) and facts.method_name(expr) == "state_dict"
+
+
+def _filtered_to_own_keys(facts: Facts, state: ast.AST) -> bool:
+    """`{k: v for k, v in sd.items() if k in model_dict}` with `model_dict` a module's
+    `state_dict()`: every key loaded exists in the model, so nothing is unexpected and what
+    is missing was left out on purpose."""
+    value = facts.binding_value(state) if isinstance(state, ast.Name) else state
+    if not isinstance(value, ast.DictComp) or len(value.generators) != 1:
+        return False
+    key = value.key
+    for condition in value.generators[0].ifs:
+        for test in ast.walk(condition):
+            if (
+                isinstance(test, ast.Compare)
+                and len(test.ops) == 1
+                and isinstance(test.ops[0], ast.In)
+                and isinstance(key, ast.Name)
+                and isinstance(test.left, ast.Name)
+                and test.left.id == key.id
+                and _state_dict_value(facts, test.comparators[0])
+            ):
+                return True
+    return False
+
+
+_REPORTERS = {"print", "info", "warning", "warn", "debug", "log", "write", "echo", "error"}
+
+
+def _reported_after(facts: Facts, statement: ast.stmt, state: ast.AST) -> bool:
+    """The statement right after the load reports on what was loaded (a print or log call
+    naming the state dict, e.g. how many of its keys matched)."""
+    parent = facts.parents.get(statement)
+    block = next(
+        (
+            getattr(parent, name)
+            for name in ("body", "orelse", "finalbody")
+            if any(item is statement for item in getattr(parent, name, ()) or ())
+        ),
+        None,
+    )
+    if block is None:
+        return False
+    index = next(i for i, item in enumerate(block) if item is statement)
+    if index + 1 >= len(block):
+        return False
+    following = block[index + 1]
+    if not isinstance(following, ast.Expr) or not isinstance(following.value, ast.Call):
+        return False
+    report = following.value
+    func = report.func
+    name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+    if name not in _REPORTERS:
+        return False
+    names = {n.id for n in ast.walk(state) if isinstance(n, ast.Name)}
+    return any(
+        isinstance(n, ast.Name) and n.id in names
+        for argument in [*report.args, *(k.value for k in report.keywords)]
+        for n in ast.walk(argument)
+    )
+
+
 @rule(
     "TL306",
     "load-state-dict-not-strict-unchecked",
@@ -415,7 +624,9 @@ def load_state_dict_not_strict_unchecked(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
     `model.load_state_dict(state, strict=False)` used as a statement, so the returned
-    missing and unexpected keys are thrown away.
+    missing and unexpected keys are thrown away. Not reported when the keys were filtered to
+    the model's own first (`{k: v for k, v in sd.items() if k in model.state_dict()}`) or the
+    next statement reports on what was loaded (`print(f"loaded {len(state)} tensors")`).
 
     ## Why it is wrong
     `strict=False` turns every key mismatch into silence. A renamed layer, a `module.` prefix
@@ -439,7 +650,13 @@ def load_state_dict_not_strict_unchecked(facts: Facts) -> Iterator[Hit]:
             continue
         if keyword.value.value is not False:
             continue
-        if not isinstance(facts.parents.get(call), ast.Expr):
+        statement = facts.parents.get(call)
+        if not isinstance(statement, ast.Expr):
+            continue
+        state = call.args[0] if call.args else None
+        if state is not None and (
+            _filtered_to_own_keys(facts, state) or _reported_after(facts, statement, state)
+        ):
             continue
         yield Hit(
             call,

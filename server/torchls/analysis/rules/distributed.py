@@ -2,8 +2,8 @@
 
 In: the file's `Facts`. Out: hits for collectives that only some ranks reach (`dist.barrier()`
 under `if rank == 0:`), `DistributedSampler`s never told the epoch, and `torch.save` run by every
-rank of a distributed script. The rank-test helpers say what a condition means: `rank_test` is
-strict (the branch runs on a subset of ranks), `mentions_rank` is loose (anything that might
+rank of a distributed script. What a condition means comes from `ranks.py`: `rank_dependent`
+is strict (the branch runs on a subset of ranks), `mentions_rank` is loose (anything that might
 single out a process), so one rule can fire precisely and the other stay quiet generously.
 """
 
@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 from torchls.analysis.facts import Facts, FunctionNode
 from torchls.analysis.findings import Fix
+from torchls.analysis.ranks import identifier, mentions_rank
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._edits import insert_line_before
 from torchls.analysis.rules.optimization import method_calls, owns_lines
@@ -59,20 +60,6 @@ GROUP_POSITION = {
     "all_to_all": 2,
     "all_to_all_single": 4,
 }
-# Names that hold a process's rank.
-RANK_NAME_RE = re.compile(
-    r"^(rank|local_rank|global_rank|world_rank|node_rank|ddp_rank|ddp_local_rank|proc_rank|"
-    r"process_rank|rank_id|my_rank|dist_rank|gpu_rank|process_index|local_process_index)$",
-    re.IGNORECASE,
-)
-RANK_CALLS = {"get_rank", "get_local_rank", "get_global_rank", "get_node_local_rank", "get_ordinal"}
-# Names that are true on one process only (a call or a boolean).
-MAIN_FLAG_RE = re.compile(
-    r"^_?(is_)?(main|master|main_process|master_process|local_main_process|global_zero|"
-    r"local_zero|rank_zero|rank0|chief|primary|leader|master_proc|main_proc|master_ordinal|"
-    r"first_worker|local_master|main_worker_process)$",
-    re.IGNORECASE,
-)
 RANK_ZERO_DECORATORS = {
     "rank_zero_only",
     "master_only",
@@ -82,13 +69,6 @@ RANK_ZERO_DECORATORS = {
     "on_rank_0",
     "rank_zero",
 }
-# Loose vocabulary: a condition mentioning these may well single out one process.
-LOOSE_RANK_RE = re.compile(
-    r"rank|master|main_process|is_main|main_proc|global_zero|local_zero|rank_zero|primary|chief|"
-    r"leader|process_index|ordinal|first_worker|distributed|ddp|world_size|is_initialized|"
-    r"^(gpu|gpu_id|local_gpu|device_id|proc_id|process_id)$",
-    re.IGNORECASE,
-)
 # Calls that start a process running the function they are given.
 PROCESS_STARTERS = {"spawn", "start_processes", "Process"}
 SAMPLERS = {
@@ -99,105 +79,10 @@ MAX_DEPTH = 3
 
 
 # ---------------------------------------------------------------------- rank vocabulary
-def _identifier(expr: ast.AST) -> str | None:
-    if isinstance(expr, ast.Call):
-        expr = expr.func
-    if isinstance(expr, ast.Name):
-        return expr.id
-    if isinstance(expr, ast.Attribute):
-        return expr.attr
-    return None
-
-
-def _is_rank_value(facts: Facts, expr: ast.AST, depth: int = 0) -> bool:
-    """`rank`, `args.local_rank`, `dist.get_rank()`, `rank % ngpus_per_node`, or a name bound
-    to one of those."""
-    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mod):
-        return _is_rank_value(facts, expr.left, depth)
-    if isinstance(expr, ast.Call):
-        name = _identifier(expr)
-        if name in RANK_CALLS:
-            return True
-        if isinstance(expr.func, ast.Name) and expr.func.id == "int" and expr.args:
-            return _is_rank_value(facts, expr.args[0], depth) or _environ_rank(expr.args[0])
-        return False
-    name = _identifier(expr)
-    if name is not None and RANK_NAME_RE.match(name):
-        return True
-    if isinstance(expr, ast.Name) and depth < MAX_DEPTH:
-        value = facts.binding_value(expr)
-        if value is not None:
-            return _is_rank_value(facts, value, depth + 1)
-    return False
-
-
-def _environ_rank(expr: ast.AST) -> bool:
-    """`os.environ["RANK"]` / `os.environ.get("LOCAL_RANK", ...)`."""
-    key = None
-    if isinstance(expr, ast.Subscript):
-        key = expr.slice
-    elif isinstance(expr, ast.Call) and expr.args and _identifier(expr) == "get":
-        key = expr.args[0]
-    return isinstance(key, ast.Constant) and key.value in ("RANK", "LOCAL_RANK")
-
-
-def _constant_like(expr: ast.AST) -> bool:
-    if isinstance(expr, ast.Constant):
-        return True
-    if isinstance(expr, ast.UnaryOp) and isinstance(expr.operand, ast.Constant):
-        return True
-    if isinstance(expr, (ast.Tuple, ast.List, ast.Set)):
-        return all(_constant_like(e) for e in expr.elts)
-    return False
-
-
-def rank_test(facts: Facts, test: ast.AST, depth: int = 0) -> bool:
-    """True when `test` holds on some ranks only: `rank == 0`, `dist.get_rank() != 0`,
-    `args.local_rank in [-1, 0]`, `is_main_process()`, `accelerator.is_main_process`,
-    `master_process` (bound to `ddp_rank == 0`), `not` of one of these."""
-    if depth > MAX_DEPTH:
-        return False
-    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        return rank_test(facts, test.operand, depth + 1)
-    if not isinstance(test, ast.BinOp) and _is_rank_value(facts, test):
-        return True  # `if local_rank:` runs on the non-zero ranks
-    if isinstance(test, ast.Compare) and len(test.ops) == 1:
-        left, right = test.left, test.comparators[0]
-        return (_is_rank_value(facts, left) and _constant_like(right)) or (
-            _is_rank_value(facts, right) and _constant_like(left)
-        )
-    name = _identifier(test)
-    if name is not None and MAIN_FLAG_RE.match(name):
-        return True
-    if isinstance(test, ast.Name):
-        value = facts.binding_value(test)
-        if value is not None and not isinstance(value, ast.Name):
-            return rank_test(facts, value, depth + 1)
-    return False
-
-
-def restricting(facts: Facts, test: ast.AST) -> bool:
-    """The body of `if test:` runs on a subset of ranks (`and` keeps the restriction)."""
-    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
-        return any(restricting(facts, value) for value in test.values)
-    return rank_test(facts, test)
-
-
-def mentions_rank(facts: Facts, expr: ast.AST) -> bool:
-    """Loose: the expression mentions anything that might single out a process."""
-    for node in ast.walk(expr):
-        name = _identifier(node) if isinstance(node, (ast.Name, ast.Attribute, ast.Call)) else None
-        if name is not None and LOOSE_RANK_RE.search(name):
-            return True
-        if isinstance(node, ast.Name) and rank_test(facts, node):
-            return True
-    return False
-
-
 def _decorated_rank_zero(function: FunctionNode) -> bool:
     for decorator in function.decorator_list:
         target = decorator.func if isinstance(decorator, ast.Call) else decorator
-        if _identifier(target) in RANK_ZERO_DECORATORS:
+        if identifier(target) in RANK_ZERO_DECORATORS:
             return True
     return False
 
@@ -228,9 +113,9 @@ def _rank_branch(facts: Facts, node: ast.AST) -> tuple[ast.If, str] | None:
         current, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
     ):
         if isinstance(current, ast.If):
-            if any(child is s for s in current.body) and restricting(facts, current.test):
+            if any(child is s for s in current.body) and facts.restricts_ranks(current.test):
                 return current, "body"
-            if any(child is s for s in current.orelse) and rank_test(facts, current.test):
+            if any(child is s for s in current.orelse) and facts.rank_dependent(current.test):
                 return current, "orelse"
         child, current = current, facts.parents.get(current)
     return None

@@ -238,7 +238,7 @@ def sigmoid_before_bce_with_logits(facts: Facts) -> Iterator[Hit]:
 @rule(
     "TL103",
     "sigmoid-then-bce",
-    "W",
+    "I",
     "BCELoss on a sigmoid output; BCEWithLogitsLoss is the stable form",
     fix="unsafe",
 )

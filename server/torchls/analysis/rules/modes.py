@@ -267,7 +267,9 @@ def missing_zero_grad(facts: Facts) -> Iterator[Hit]:
     ## What it catches
     A loop that calls `backward()` and `optimizer.step()` (or `scaler.step(optimizer)`) but
     never clears gradients: no `optimizer.zero_grad()`, `model.zero_grad()` or
-    `p.grad = None` anywhere in the loop (helpers and LBFGS closures included).
+    `p.grad = None` anywhere in the loop (helpers and LBFGS closures included). Distributed
+    autograd (`dist_autograd.backward(context_id, ...)` with a `DistributedOptimizer`) keeps
+    gradients per context, not in `.grad`, and is not reported.
 
     ## Why it is wrong
     `backward()` adds into `.grad`. Without clearing, step *k* uses the sum of all gradients so
@@ -293,7 +295,7 @@ def missing_zero_grad(facts: Facts) -> Iterator[Hit]:
         if not loops:
             continue
         loop = loops[0]
-        if id(loop) in reported or not facts.node_reaches(loop, facts.is_backward):
+        if id(loop) in reported or not facts.node_reaches(loop, facts.accumulates_grad):
             continue
         if _clears_grads_in(facts, loop):
             continue

@@ -1,0 +1,98 @@
+"""The shared facts questions the rules build on: receiver-returning calls, forward graphs,
+rank-dependent conditions, CUDA-only scopes and kinds decided by where a value comes from."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from torchls.analysis.facts import Facts, build_facts
+from torchls.analysis.source import parse_source
+
+
+def facts_of(source: str) -> Facts:
+    return build_facts(parse_source(source), "<test>")
+
+
+def expression(facts: Facts, text: str) -> ast.AST:
+    """The first node whose source is exactly `text`."""
+    for nodes in facts.scope_nodes.values():
+        for node in nodes:
+            if isinstance(node, ast.expr) and facts.source.segment(node) == text:
+                return node
+    raise AssertionError(f"no expression {text!r}")
+
+
+def test_same_object_follows_methods_that_return_their_receiver() -> None:
+    facts = facts_of("model.to(device).train()\nnet.eval().cpu()\nx.view(-1).float()\n")
+    assert facts.key(facts.same_object(expression(facts, "model.to(device).train()"))) == "model"
+    assert facts.key(facts.same_object(expression(facts, "net.eval().cpu()"))) == "net"
+    chained = expression(facts, "x.view(-1).float()")
+    assert facts.source.segment(facts.same_object(chained)) == "x.view(-1)"
+
+
+def test_graph_forwards_are_calls_not_the_module_object() -> None:
+    facts = facts_of(
+        "import torch.nn as nn\n"
+        "net = nn.Linear(2, 1)\n"
+        "a = net(x)\n"
+        "b = net(x2.detach())\n"
+        "c = a.pow(2).mean() + 1\n"
+    )
+    b_value, c_value = facts.tree.body[-2].value, facts.tree.body[-1].value  # type: ignore[attr-defined]
+    assert [facts.source.segment(c) for c in facts.graph_forwards(c_value)] == ["net(x)"]
+    assert [facts.source.segment(c) for c in facts.graph_forwards(b_value)] == ["net(x2.detach())"]
+
+
+@pytest.mark.parametrize(
+    ("test", "dependent"),
+    [
+        ("rank == 0", True),
+        ("local_rank in (-1, 0)", True),
+        ("rank % 8 == 0", True),
+        ("is_main_process()", True),
+        ("local_rank != -1", False),
+        ("world_size > 1", False),
+        ("dist.is_initialized()", False),
+        ("rank >= 0", False),
+    ],
+)
+def test_rank_dependent_conditions(test: str, dependent: bool) -> None:
+    facts = facts_of(f"if {test}:\n    pass\n")
+    condition = facts.tree.body[0].test  # type: ignore[attr-defined]
+    assert facts.rank_dependent(condition) is dependent
+
+
+def test_requires_cuda_only_where_the_model_goes_to_cuda_unconditionally() -> None:
+    facts = facts_of(
+        "import torch\n"
+        "def gpu_only(path):\n"
+        "    model = Net().cuda()\n"
+        "    return torch.load(path)\n"
+        "def either(path):\n"
+        "    if torch.cuda.is_available():\n"
+        "        model = Net().cuda()\n"
+        "    return torch.load(path)\n"
+        "class Net(torch.nn.Module):\n"
+        "    pass\n"
+    )
+    first, second = sorted(facts.calls_to("torch.load"), key=lambda call: call.lineno)
+    assert facts.requires_cuda(first)
+    assert not facts.requires_cuda(second)
+
+
+def test_model_kind_from_origin_not_from_name() -> None:
+    facts = facts_of(
+        "import torch.nn as nn\n"
+        "def save(model: nn.Module, other):\n"
+        "    model_state_dict = model.state_dict()\n"
+        "    model_dict = {'w': 1}\n"
+        "    use(model, other, model_state_dict, model_dict)\n"
+    )
+    call = next(c for c in facts.calls if isinstance(c.func, ast.Name) and c.func.id == "use")
+    typed, untyped, state, literal = call.args
+    assert facts.kind_of(typed).kind == "model" and not facts.kind_of(typed).by_name
+    assert facts.kind_of(untyped) is None
+    assert facts.kind_of(state).kind == "data"
+    assert facts.kind_of(literal).kind == "data"
