@@ -27,6 +27,7 @@ CLONE_NEWPID = 0x20000000
 CLONE_NEWUSER = 0x10000000
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
@@ -80,6 +81,35 @@ def die_with_parent() -> None:
     libc = _libc()
     if libc is not None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def not_dumpable() -> bool:
+    """Keep processes of the same user (the runs this worker forks) out of our /proc entries:
+    without it a run could open /proc/<worker>/fd/1 and write on the server's channel."""
+    libc = _libc()
+    return libc is not None and libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
+
+
+def children_of(pid: int) -> list[int]:
+    """Live processes whose parent is `pid` (Linux /proc; empty elsewhere)."""
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        # The name in parentheses may hold spaces: fields after the last ")" are fixed.
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 1 and fields[1] == str(pid).encode():
+            found.append(int(entry))
+    return found
 
 
 def become_subreaper() -> bool:

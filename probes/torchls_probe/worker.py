@@ -6,7 +6,17 @@ In: JSON lines on stdin — `{"op": "run", "id", "request", "limits", "deadline_
 JSON lines on stdout — `ready` (once torch and every probe module are loaded), `started`, the
 child's `progress` and `child` (isolation) events, and `exit` with the child's status, its report
 (text, or why it was refused) and output, and `dirty` when what the run left could not all be
-removed. The parent sets `torch.set_num_threads(1)` before any torch op: a fork after OpenMP
+removed. Every message about a run carries the run's `id` and the `token` the server sent with
+it.
+
+The channel to the server is the worker's alone: a run's child never holds it. Each run gets a
+pipe of its own that only this worker reads; what the child writes there is parsed, checked,
+re-serialised and stamped with the run's id and token by the worker (nothing else is
+forwarded), and `exit` is sent only after the child and every process it left (its group, and
+any orphan re-parented to this subreaper) have been killed and reaped. The worker is not
+dumpable, so a run cannot reach the channel through /proc either.
+
+The parent sets `torch.set_num_threads(1)` before any torch op: a fork after OpenMP
 started its pool deadlocks the child's first parallel op (measured here); the child restores the
 thread count a fresh interpreter would have had.
 
@@ -36,11 +46,11 @@ import time
 from typing import Any
 
 _OUT = 1  # protocol channel; written with os.write only, so nothing buffered crosses a fork
+RUN_LINE_LIMIT = 8192  # the longest line taken from a run's pipe (progress lines are < 4000)
+RUN_MESSAGE_LIMIT = 20_000  # messages forwarded per run; a flood past this is dropped
 
 
 def send(message: dict[str, Any]) -> None:
-    # The leading newline ends any unterminated line a run's child wrote on the shared channel,
-    # so that this message is read on its own.
     data = ("\n" + json.dumps(message, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
     view = memoryview(data)
     while view:
@@ -102,8 +112,10 @@ def child_main(message: dict[str, Any], threads: int, channel: int) -> int:
     folder = message["folder"]
     os.environ["HOME"] = os.environ["TMPDIR"] = folder
     tempfile.tempdir = folder
-    null = os.open(os.devnull, os.O_RDONLY)
+    # The worker's stdin and stdout are its channel with the server: the run holds neither.
+    null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
+    os.dup2(null, 1)
     os.close(null)
     isolation.apply_limits(message.get("limits") or {})
     held = isolation.new_namespaces(bool(message.get("network")))
@@ -144,13 +156,20 @@ class Worker:
         self.deadline = 0.0
         self.started = 0.0
         self.killed_for: str | None = None
+        self.token: Any = None
+        self.pipe: int | None = None  # the read end of the run's own channel
+        self.pipe_buffer = b""
+        self.forwarded = 0
 
     def serve(self) -> None:
         buffer = b""
         while True:
             # Poll fast while a child runs (its exit is noticed within 5 ms), lazily otherwise.
-            ready, _, _ = select.select([0], [], [], 0.005 if self.child else 0.5)
-            if ready:
+            watched = [0] if self.pipe is None else [0, self.pipe]
+            ready, _, _ = select.select(watched, [], [], 0.005 if self.child else 0.5)
+            if self.pipe is not None and self.pipe in ready:
+                self.relay()
+            if 0 in ready:
                 chunk = os.read(0, 65536)
                 if not chunk:
                     self.kill("exit")
@@ -161,6 +180,36 @@ class Worker:
                         self.kill("exit")
                         return
             self.reap()
+
+    def relay(self) -> None:
+        """Forward what the run wrote on its pipe, as the worker's own, checked messages."""
+        assert self.pipe is not None
+        try:
+            chunk = os.read(self.pipe, 65536)
+        except OSError:
+            chunk = b""
+        if not chunk:  # every writer closed it: the run is over or gave it up
+            self._close_pipe()
+            return
+        *lines, rest = (self.pipe_buffer + chunk).split(b"\n")
+        self.pipe_buffer = rest if len(rest) <= RUN_LINE_LIMIT else b""
+        for line in lines:
+            if len(line) > RUN_LINE_LIMIT or self.forwarded >= RUN_MESSAGE_LIMIT:
+                continue
+            checked = _checked(line)
+            if checked is not None:
+                self.forwarded += 1
+                self.send(checked)
+
+    def send(self, message: dict[str, Any]) -> None:
+        send({**message, "id": self.child_id, "token": self.token})
+
+    def _close_pipe(self) -> None:
+        if self.pipe is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.pipe)
+        self.pipe = None
+        self.pipe_buffer = b""
 
     def handle(self, message: dict[str, Any]) -> str | None:
         op = message.get("op")
@@ -185,24 +234,33 @@ class Worker:
         request = dict(message.get("request") or {})
         request["out"] = os.path.join(results, "report.json")
         request["output_file"] = os.path.join(results, "output.txt")
-        message = {**message, "request": request, "folder": folder, "results": results}
-        channel = os.dup(_OUT)
+        token = message.get("token")
+        # The child never sees the token: it is what tells the server's reader our messages.
+        message = {
+            **{k: v for k, v in message.items() if k != "token"},
+            "request": request,
+            "folder": folder,
+            "results": results,
+        }
+        reader, writer = os.pipe()
         pid = os.fork()
         if pid == 0:
             code = 3
             try:
-                code = child_main(message, self.info["threads"], channel)
+                os.close(reader)
+                code = child_main(message, self.info["threads"], writer)
             except BaseException:
                 code = 3
             finally:
                 os._exit(code)
-        os.close(channel)
+        os.close(writer)
+        self.pipe, self.pipe_buffer, self.forwarded = reader, b"", 0
         self.message = message
-        self.child, self.child_id = pid, message.get("id")
+        self.child, self.child_id, self.token = pid, message.get("id"), token
         self.started = time.monotonic()
         self.deadline = self.started + float(message.get("deadline_s", 60.0))
         self.killed_for = None
-        send({"event": "started", "id": self.child_id})
+        self.send({"event": "started"})
 
     def kill(self, reason: str) -> None:
         if self.child is None:
@@ -220,12 +278,15 @@ class Worker:
         if status is None or self.child is None:
             return
         self._drain(self.child)
+        if self.pipe is not None:  # progress the child wrote just before it ended
+            while self.pipe is not None and select.select([self.pipe], [], [], 0)[0]:
+                self.relay()
+            self._close_pipe()
         wall = round(time.monotonic() - self.started, 4)
         left = self._collect_files()
-        send(
+        self.send(
             {
                 "event": "exit",
-                "id": self.child_id,
                 "returncode": os.waitstatus_to_exitcode(status),
                 "killed_for": self.killed_for,
                 "wall_s": wall,
@@ -234,6 +295,7 @@ class Worker:
         )
         self.child = None
         self.child_id = None
+        self.token = None
 
     def _collect_files(self) -> dict[str, Any]:
         """The run's report and output, then a clean slate for the next run."""
@@ -267,16 +329,59 @@ class Worker:
                 found = status
 
     def _drain(self, group: int) -> None:
-        """Kill and reap the run's process group until it is empty, so that a finished run has
-        left nothing behind when its `exit` is sent (bounded: 10 s)."""
+        """Kill and reap the run's process group until it is empty, then every process the run
+        left that was re-parented to us (it called setsid() to leave the group), so that a
+        finished run has left nothing behind when its `exit` is sent (bounded: 10 s)."""
+        from torchls_probe.isolation import children_of
+
         end = time.monotonic() + 10.0
         while time.monotonic() < end:
             try:
                 os.killpg(group, signal.SIGKILL)
             except OSError:
-                return
+                break
             self._collect()
             time.sleep(0.005)
+        me = os.getpid()
+        while time.monotonic() < end:
+            left = children_of(me)
+            if not left:
+                return
+            for pid in left:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            self._collect()
+            time.sleep(0.005)
+
+
+def _checked(line: bytes) -> dict[str, Any] | None:
+    """A run's line as the worker will forward it, or None: only known events, known fields."""
+    try:
+        message = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(message, dict):
+        return None
+    event = message.get("event")
+    if event == "progress":
+        checked: dict[str, Any] = {
+            "event": "progress",
+            "stage": str(message.get("stage", ""))[:40],
+            "message": str(message.get("message", ""))[:400],
+        }
+        for key in ("step", "total"):
+            value = message.get(key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                checked[key] = value
+        return checked
+    if event == "child":
+        held = {
+            k: v
+            for k, v in message.items()
+            if isinstance(k, str) and len(k) <= 40 and isinstance(v, bool)
+        }
+        return {**dict(list(held.items())[:16]), "event": "child"}
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -290,9 +395,10 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as error:
         send({"event": "failed", "error": f"{type(error).__name__}: {error}"})
         return 1
-    from torchls_probe.isolation import become_subreaper
+    from torchls_probe.isolation import become_subreaper, not_dumpable
 
     become_subreaper()
+    not_dumpable()
     send({"event": "ready", "pid": os.getpid(), **info})
     Worker(info, args.scratch, args.results, args.wipe).serve()
     return 0

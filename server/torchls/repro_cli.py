@@ -60,7 +60,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from torchls.probe import ReproOptions, ReproUsageError, run_repro
+    from torchls.probe import ReproOptions, ReproUsageError, run_repro, untrusted
     from torchls.probe.text import render
 
     options = ReproOptions(
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         if not layer.get("held"):
             print(f"torchls: warning: sandbox layer not held: {layer['name']}", file=sys.stderr)
     if report.setup_error is not None:
-        print(f"torchls: error: {report.setup_error}", file=sys.stderr)
+        print(f"torchls: error: {untrusted.terminal(report.setup_error)}", file=sys.stderr)
         return EXIT_ERROR
     return EXIT_FINDINGS if report.findings else EXIT_CLEAN
 

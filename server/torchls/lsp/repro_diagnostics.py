@@ -7,12 +7,14 @@ lines edited since the run are dropped (see repro_state). Related information (t
 NaN from its origin to the loss, the first bad value of later phases) is kept for clients that
 show it. When a static loss-contract finding (TL1xx) and a runtime TL903 sit on the same line,
 each message says that the other confirms it.
+
+Messages come from the run, so they are stripped of control characters; another file named by
+a related location is shown only if the run's result holds its lines (read once, safely, when
+the run finished) or it is open in the editor: nothing here reads the disk.
 """
 
 from __future__ import annotations
 
-import contextlib
-from pathlib import Path
 from typing import Any
 
 from lsprotocol import types
@@ -23,6 +25,7 @@ from torchls.lsp.diagnostics import SEVERITIES, SOURCE
 from torchls.lsp.positions import LineIndex
 from torchls.lsp.repro_state import FileTrace, LineMap, ReproStore, real_path
 from torchls.lsp.server import Snapshot, TorchLanguageServer
+from torchls.probe import untrusted
 
 PROBE_SOURCE = "torchls-probe"
 CONFIRMING_CODE = "TL903"
@@ -70,11 +73,11 @@ class ProbeDiagnostics:
             probe.append(
                 types.Diagnostic(
                     range=index.range(span),
-                    message=str(item.get("message", "")),
+                    message=untrusted.terminal(item.get("message", "")),
                     severity=SEVERITIES.get(
                         str(item.get("severity")), types.DiagnosticSeverity.Warning
                     ),
-                    code=str(item.get("code", "")),
+                    code=untrusted.one_line(item.get("code", ""), 8),
                     source=PROBE_SOURCE,
                     related_information=related,
                     data={"repro": result.run_id, "version": snapshot.version},
@@ -110,7 +113,7 @@ class ProbeDiagnostics:
             related.append(
                 types.DiagnosticRelatedInformation(
                     location=types.Location(uri=uri, range=target_index.range(span)),
-                    message=str(item.get("message", "")),
+                    message=untrusted.terminal(item.get("message", "")),
                 )
             )
         return related
@@ -120,18 +123,16 @@ class ProbeDiagnostics:
         uri = from_fs_path(filename)
         if uri is None:
             return None
-        text = None
-        version = None
+        found = self.store.newest_for(filename)
+        trace: FileTrace | None = found[1] if found is not None else None
         if uri in self.server.documents:
             document = self.server.workspace.get_text_document(uri)
             text, version = document.source, document.version
+        elif trace is not None:
+            # The file as the run saw it, read when the run finished: never again from disk.
+            text, version = "\n".join(trace.baseline), None
         else:
-            with contextlib.suppress(OSError, UnicodeDecodeError):
-                text = Path(filename).read_text(encoding="utf-8")
-        if text is None:
             return None
-        found = self.store.newest_for(filename)
-        trace: FileTrace | None = found[1] if found is not None else None
         index = self.server.line_index(text)
         if trace is None:
             lines = index.lines

@@ -10,6 +10,10 @@ compact Markdown (or None when the run traced nothing there):
 - where non-finite values appeared on the line: whether they were born there (origin: made
   from finite inputs) or arrived (propagated), and the path from the first origin to the loss;
 - on a line edited since the run: the old trace under a "stale" warning.
+
+Every string taken from the run's report (op and module names, dtypes, devices, phases, file
+names) is untrusted: it goes through `untrusted.markdown` or `untrusted.code`, so a module
+named like an image link renders as text and fetches nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pygls.uris import to_fs_path
 from torchls.lsp.repro_lookup import ValueSpan, value_at
 from torchls.lsp.repro_state import FileTrace, LineMap, ReproResult, real_path
 from torchls.lsp.server import Snapshot, TorchLanguageServer
+from torchls.probe import untrusted
 
 MAX_EXPRESSION = 40
 MAX_EVENTS = 3
@@ -42,35 +47,36 @@ def _number(value: Any) -> str:
     return f"{value:.4g}"
 
 
-def _cell(text: str) -> str:
-    """Text safe inside a Markdown table cell."""
-    return text.replace("|", "\\|").replace("\n", " ")
+def _cell(text: object) -> str:
+    """Run data as literal text, safe inside a Markdown table cell."""
+    return untrusted.markdown(text)
 
 
-def _code(text: str) -> str:
-    text = " ".join(text.split())
-    if len(text) > MAX_EXPRESSION:
-        text = text[: MAX_EXPRESSION - 1] + "…"
-    # A backtick would end the code span early; an apostrophe reads the same in a hover.
-    text = _cell(text).replace("`", "'")
-    return f"`{text}`"
+def _code(text: object, limit: int = MAX_EXPRESSION) -> str:
+    """Run data (or the user's own line) as a code span, cut to `limit` characters."""
+    return untrusted.code(text, limit)
+
+
+def _int(value: Any, default: int = 0) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
 def _shape(summary: dict[str, Any]) -> str:
     shape = summary.get("shape")
     if not isinstance(shape, list):
         return "—"
-    return "scalar" if not shape else "[" + ", ".join(str(d) for d in shape) + "]"
+    return "scalar" if not shape else "[" + ", ".join(str(_int(d, -1)) for d in shape) + "]"
 
 
 def nonfinite_counts(summary: dict[str, Any]) -> str:
-    counts = summary.get("nonfinite") or {}
+    counts = summary.get("nonfinite")
+    counts = counts if isinstance(counts, dict) else {}
     parts = [
-        f"{counts[key]} {label}"
+        f"{_int(counts.get(key))} {label}"
         for key, label in (("nan", "NaN"), ("posinf", "+inf"), ("neginf", "-inf"))
-        if counts.get(key)
+        if _int(counts.get(key))
     ]
-    total = counts.get("numel")
+    total = _int(counts.get("numel"))
     return ", ".join(parts) + (f" of {total}" if total else "")
 
 
@@ -98,18 +104,18 @@ def _grad(grad: Any) -> str:
 
 
 def _expression(entry: dict[str, Any], line: str) -> str:
-    column, end = int(entry.get("column") or 1) - 1, int(entry.get("end_column") or 1) - 1
+    column, end = _int(entry.get("column"), 1) - 1, _int(entry.get("end_column"), 1) - 1
     text = line[column:end] if 0 <= column < end <= len(line) else ""
     op = str(entry.get("op") or "")
     label = _code(text or op)
     if entry.get("module"):
-        label += f" · {_cell(str(entry['module']))}"
+        label += f" · {_cell(entry['module'])}"
     if text and op and op.rsplit(".", 1)[-1].strip("_") not in text:
         label += f" · {_cell(op)}"
-    if int(entry.get("count") or 1) > 1:
-        label += f" x{entry['count']}"
+    if _int(entry.get("count"), 1) > 1:
+        label += f" x{_int(entry.get('count'))}"
     if entry.get("phase") not in (None, "forward"):
-        label += f" ({entry['phase']})"
+        label += f" ({_cell(entry['phase'])})"
     return label
 
 
@@ -122,8 +128,8 @@ def entry_row(entry: dict[str, Any], line: str) -> str:
     cells = [
         expression,
         _shape(first),
-        _cell(str(first.get("dtype") or "—")),
-        _cell(str(first.get("device") or "—")),
+        _cell(first.get("dtype") or "—"),
+        _cell(first.get("device") or "—"),
         _finite(first),
         _stats(first),
         _grad(entry.get("grad")),
@@ -141,7 +147,7 @@ def _run_summary(result: ReproResult) -> str:
     if isinstance(steps, int):
         parts.append(f"{steps} step{'s' if steps != 1 else ''}")
     if device:
-        parts.append(f"on {device}")
+        parts.append(f"on {_cell(device)}")
     return " ".join(parts)
 
 
@@ -150,31 +156,31 @@ def _run_summary(result: ReproResult) -> str:
 
 def _where(event: dict[str, Any], trace: FileTrace, mapping: LineMap) -> str:
     """Where an event is now: "line N" in this file (marked when edited), else file:line."""
-    row = int(event.get("line") or 0)
+    row = _int(event.get("line"))
     filename = event.get("filename")
     if isinstance(filename, str) and real_path(filename) != trace.path:
-        return f"{filename.rsplit('/', 1)[-1]}:{row}"
+        return f"{_cell(filename.rsplit('/', 1)[-1])}:{row}"
     current = mapping.new_row(row)
     return f"line {current}" if current is not None else f"line {row} (edited)"
 
 
 def _when(event: dict[str, Any]) -> str:
     """The phase and the optimizer step it belonged to, e.g. "forward, step 1"."""
-    phase = str(event.get("phase") or "?")
+    phase = _cell(event.get("phase") or "?")
     before = event.get("optimizer_steps_before")
-    return f"{phase}, step {before + 1}" if isinstance(before, int) else phase
+    return f"{phase}, step {_int(before) + 1}" if isinstance(before, int) else phase
 
 
 def _event_text(
     event: dict[str, Any], result: ReproResult, trace: FileTrace, mapping: LineMap
 ) -> str:
-    op = f"`{_cell(str(event.get('op') or '?'))}`"
+    op = _code(event.get("op") or "?", 200)
     counts = nonfinite_counts(event.get("summary") or {})
     if event.get("origin") == "op":
         title = "First non-finite value of the run" if event is result.first_event else "Origin"
         return f"**{title}** ({_when(event)}): {op} produced {counts} here from finite inputs."
     sources = [s for i in event.get("sources") or [] if (s := result.event(i)) is not None]
-    came = ", ".join(f"{_where(s, trace, mapping)} `{_cell(str(s.get('op')))}`" for s in sources)
+    came = ", ".join(f"{_where(s, trace, mapping)} {_code(s.get('op'), 200)}" for s in sources)
     if came:
         cause = f"its input came non-finite from {came}"
     elif event.get("phase") == "backward":
@@ -193,8 +199,7 @@ def nonfinite_section(
     events = [
         e
         for e in trace.events
-        if int(e.get("line") or 0) == old_row
-        and (column is None or int(e.get("column") or 0) == column)
+        if _int(e.get("line")) == old_row and (column is None or _int(e.get("column")) == column)
     ]
     if not events:
         return []
@@ -207,7 +212,7 @@ def nonfinite_section(
         steps = []
         for position, event in enumerate(chain):
             label = "origin" if position == 0 else ("loss" if event.get("phase") == "loss" else "")
-            text = f"{_where(event, trace, mapping)} `{_cell(str(event.get('op')))}`"
+            text = f"{_where(event, trace, mapping)} {_code(event.get('op'), 200)}"
             steps.append(f"{text} ({label})" if label else text)
         lines.append("Path to the loss: " + " → ".join(steps))
     return lines
@@ -231,7 +236,7 @@ def line_markdown(
         parts.append(STALE)
     if record is not None and record.get("entries"):
         rows = [entry_row(entry, line) for entry in record["entries"]]
-        dropped = int(record.get("dropped_entries") or 0)
+        dropped = _int(record.get("dropped_entries"))
         table = "\n".join([HEADER, RULE, *rows])
         if dropped:
             table += f"\n\n…and {dropped} more operations on this line."
@@ -248,7 +253,7 @@ def pick_entries(
     op inside it, the latest among equals (entries are in first-seen order, outer ops last)."""
     exact, inside = [], []
     for position, entry in enumerate(entries):
-        start, end = int(entry.get("column") or 1) - 1, int(entry.get("end_column") or 1) - 1
+        start, end = _int(entry.get("column"), 1) - 1, _int(entry.get("end_column"), 1) - 1
         if start == column and (end_column is None or end == end_column):
             exact.append(entry)
         elif start >= column and (end_column is None or end <= end_column):
@@ -284,7 +289,7 @@ def value_markdown(
         + (f" · {summary}" if summary else ""),
         "\n".join([HEADER, RULE, *(entry_row(entry, line) for entry in entries)]),
     ]
-    column = int(entries[-1].get("column") or 0)
+    column = _int(entries[-1].get("column"))
     parts.extend(nonfinite_section(result, trace, mapping, old_row, column))
     return "\n\n".join(parts)
 

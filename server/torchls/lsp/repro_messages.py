@@ -3,6 +3,10 @@
 In: the probe's usage errors, its report, and which interpreter the server chose (and why).
 Out: one sentence each, naming the editor setting to change (`torchls.probe.*`) rather than the
 CLI flag the probe's own messages mention. Pure functions over strings and report JSON.
+
+Every piece taken from the report (exception text, status, device, codes) is run data: it goes
+through `untrusted.notification`, so a message cannot carry a link or a command into the
+client's notification.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ import re
 from typing import Any
 
 from lsprotocol import types
+
+from torchls.probe.untrusted import notification as _plain
 
 PYTHON_SETTING = "torchls.probe.python"
 BWRAP_LAYERS = {"bubblewrap", "filesystem", "pid_namespace", "network"}
@@ -42,7 +48,7 @@ def usage_failure(message: str, python: str, python_source: str) -> str:
 def setup_failure(data: dict[str, Any], python: str, python_source: str) -> str:
     """A report whose run never started the user's code (`exception.kind` setup or device)."""
     exception = data.get("exception") or {}
-    message = str(exception.get("message") or exception.get("type") or "unknown error")
+    message = _plain(exception.get("message") or exception.get("type") or "unknown error")
     if exception.get("kind") == "device":
         return (
             f"torchls: the repro could not start: {message}. Set `torchls.probe.device` to "
@@ -90,7 +96,7 @@ def limit_problem(data: dict[str, Any], file: str) -> str | None:
         )
     if data.get("status") == "crashed":
         findings = data.get("findings") or []
-        detail = findings[0].get("message") if findings else "the interpreter died"
+        detail = _plain(findings[0].get("message")) if findings else "the interpreter died"
         return f"torchls: the repro of {name} crashed: {detail}. See the torchls log for stderr."
     return None
 
@@ -120,15 +126,15 @@ def summary(data: dict[str, Any], file: str) -> str:
     )
     timing = data.get("timing") or {}
     steps = progress.get("optimizer_steps")
-    parts = [f"repro of {_name(file)}: {data.get('status', '?')}"]
+    parts = [f"repro of {_name(file)}: {_plain(data.get('status', '?'), 20)}"]
     if isinstance(steps, int):
         parts.append(f"{steps} step{'s' if steps != 1 else ''}")
     if device:
-        parts.append(f"on {device}")
+        parts.append(f"on {_plain(device, 40)}")
     wall = timing.get("server_wall_s")
     if isinstance(wall, int | float):
-        parts.append(f"{wall:.2f} s ({timing.get('runner', '?')})")
-    codes = [str(f.get("code")) for f in data.get("findings") or []]
+        parts.append(f"{wall:.2f} s ({_plain(timing.get('runner', '?'), 20)})")
+    codes = [_plain(f.get("code"), 8) for f in data.get("findings") or []]
     found = ", ".join(f"{code} x{codes.count(code)}" for code in sorted(set(codes)))
     parts.append(found or "no runtime problems found")
     return " · ".join(parts)
@@ -141,8 +147,9 @@ def exception_problem(data: dict[str, Any], file: str) -> str | None:
         return None
     where = f" (line {exception['line']})" if isinstance(exception.get("line"), int) else ""
     return (
-        f"torchls: the repro of {_name(file)} raised {exception.get('type', 'an exception')}"
-        f"{where}: {exception.get('message', '')}"
+        f"torchls: the repro of {_name(file)} raised "
+        f"{_plain(exception.get('type', 'an exception'), 100)}{where}: "
+        f"{_plain(exception.get('message', ''))}"
     )
 
 

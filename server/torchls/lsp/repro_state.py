@@ -13,7 +13,11 @@ diagnostics on it are dropped, since their ranges and messages describe code tha
 exists. Unchanged lines keep their diagnostics and traces. A new run replaces its predecessor's
 results; `clear` drops them.
 
-Nothing here imports pygls or the probe: it is plain data, unit-testable on its own.
+The report comes from the run and may be forged: the files it names are read only through
+`ProjectSources` (inside the project, no links, not /proc or /dev, bounded, once per run), and
+the result keeps those lines, so later refreshes and hovers never read the disk again.
+
+Nothing here imports pygls or the probe's runner: it is plain data, unit-testable on its own.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from torchls.analysis.source import split_lines
+from torchls.probe.sources import ProjectSources
 
 
 def real_path(path: str | os.PathLike[str]) -> str:
@@ -149,21 +154,33 @@ class ReproResult:
 
 
 def build_result(
-    uri: str, run_id: int, data: dict[str, Any], baselines: dict[str, list[str]]
+    uri: str,
+    run_id: int,
+    data: dict[str, Any],
+    baselines: dict[str, list[str]],
+    root: str | os.PathLike[str] | None = None,
 ) -> ReproResult:
     """Sort a report's findings, lines and events by file. `baselines` maps real paths to the
-    text each file had when the run started; files without one are read now."""
+    text each file had when the run started; other files are read now, through
+    `ProjectSources` under `root` (the workspace the host chose; by default the folder of the
+    document the run started on)."""
     files: dict[str, FileTrace] = {}
+    refused: set[str] = set()
+    if root is None:
+        own = _fs_path(uri)
+        root = os.path.dirname(own) if own else None
+    sources = ProjectSources(root)
 
     def trace_of(filename: Any) -> FileTrace | None:
-        if not isinstance(filename, str) or not filename:
+        if not isinstance(filename, str) or not filename or filename in refused:
             return None
         path = real_path(filename)
         if path not in files:
             baseline = baselines.get(path)
             if baseline is None:
-                baseline = _read_lines(path)
+                baseline = sources.lines(filename)
             if baseline is None:
+                refused.add(filename)
                 return None
             files[path] = FileTrace(path, baseline)
         return files[path]
@@ -173,11 +190,19 @@ def build_result(
             trace.findings.append(finding)
     for record in data.get("lines") or []:
         if (trace := trace_of(record.get("filename"))) is not None:
-            trace.lines[int(record.get("line", 0))] = record
+            trace.lines[record["line"]] = record  # an int: the report was bounded
     for event in (data.get("nonfinite") or {}).get("events") or []:
         if (trace := trace_of(event.get("filename"))) is not None:
             trace.events.append(event)
     return ReproResult(uri, run_id, data, files)
+
+
+def _fs_path(uri: str) -> str | None:
+    if not uri.startswith("file://"):
+        return None
+    from urllib.parse import unquote, urlparse
+
+    return unquote(urlparse(uri).path) or None
 
 
 def _read_lines(path: str) -> list[str] | None:

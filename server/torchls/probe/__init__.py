@@ -8,11 +8,35 @@ it and returns a `ReproReport`. Entry points:
 - `ReproSession`: keeps a warm worker per interpreter and forks a fresh child per run.
 """
 
-from torchls.probe.options import ReproOptions, ReproUsageError
-from torchls.probe.report import ProbeFinding, RelatedLocation, ReproReport
-from torchls.probe.runner import ProgressEvent, ReproCancelled, run_repro
-from torchls.probe.spec import ReproSpec, SpecError, load_spec
-from torchls.probe.warm import ReproSession
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Loaded on first use, so that the server can import small helpers of this package (the
+# untrusted-text functions, the safe source reader) without starting the whole probe machinery.
+_HOMES = {
+    "ReproOptions": "options",
+    "ReproUsageError": "options",
+    "ProbeFinding": "report",
+    "RelatedLocation": "report",
+    "ReproReport": "report",
+    "ProgressEvent": "runner",
+    "ReproCancelled": "runner",
+    "run_repro": "runner",
+    "ReproSpec": "spec",
+    "SpecError": "spec",
+    "load_spec": "spec",
+    "ReproSession": "warm",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
+
 
 __all__ = [
     "ProbeFinding",

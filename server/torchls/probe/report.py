@@ -10,6 +10,7 @@ the right status and a TL905/TL906 finding is synthesised, so callers always get
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,20 @@ from torchls.probe.scratch import Unreadable, read_regular
 
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "error", "timeout", "memory", "crashed")
+SEVERITIES = ("error", "warning", "information")
+
+# What the host takes from a report at most. The probe itself stays far below these (20
+# non-finite events, 8 entries per line); a report past them was not written by the probe, and
+# the excess is dropped so that no consumer (text report, diagnostics, hover) does unbounded work.
+MAX_FINDINGS = 200
+MAX_RELATED = 20
+MAX_EVENTS = 100
+MAX_LINE_RECORDS = 5000
+MAX_ENTRIES = 16
+MAX_OUTPUTS = 4
+MAX_LIST = 1000  # warnings, notes, parameter names, traceback frames, chain indices
+MAX_TEXT = 4000  # one message or name
+_UNSAFE_IN_JSON = re.compile("[\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
 
 
 @dataclass(frozen=True)
@@ -70,7 +85,13 @@ class ProbeFinding:
 
 @dataclass
 class ReproReport:
+    """`data` is the report document; `root` (the project folder the host chose) and `allow`
+    (files the host itself named, such as the target) say which files may be read to show
+    source lines. Neither comes from the run."""
+
     data: dict[str, Any]
+    root: str | None = None
+    allow: tuple[str, ...] = ()
 
     @property
     def status(self) -> str:
@@ -93,7 +114,10 @@ class ReproReport:
         return list(self.data.get("lines") or [])
 
     def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.data, indent=indent, allow_nan=False, ensure_ascii=False)
+        text = json.dumps(self.data, indent=indent, allow_nan=False, ensure_ascii=False)
+        # JSON escapes C0 controls itself; C1 and bidirectional controls (which a terminal
+        # showing the JSON would act on) are escaped here, so the document stays the same.
+        return _UNSAFE_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
     def without_timing(self) -> dict[str, Any]:
         """The report minus the fields that legitimately differ between identical runs."""
@@ -132,7 +156,106 @@ def parse_probe_report(text: bytes | str | None) -> tuple[dict[str, Any] | None,
         return None, "report.json is not valid JSON (cut short, or not written by the probe)"
     if not isinstance(data, dict):
         return None, "report.json is not a JSON object"
-    return data, None
+    return bounded(data), None
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 31
+
+
+def _position(item: dict[str, Any]) -> bool:
+    return isinstance(item.get("filename"), str) and all(
+        _int(item.get(key)) for key in ("line", "column", "end_line", "end_column")
+    )
+
+
+def _text(value: Any) -> str:
+    return value[:MAX_TEXT] if isinstance(value, str) else ""
+
+
+def _finding(item: Any) -> dict[str, Any] | None:
+    if not isinstance(item, dict) or not _position(item):
+        return None
+    code = item.get("code")
+    if not (isinstance(code, str) and len(code) == 5 and code.startswith("TL")):
+        return None
+    if item.get("severity") not in SEVERITIES:
+        return None
+    related = [
+        {**r, "filename": r["filename"][:MAX_TEXT], "message": _text(r.get("message"))}
+        for r in (item.get("related") if isinstance(item.get("related"), list) else [])
+        if isinstance(r, dict) and _position(r)
+    ][:MAX_RELATED]
+    return {
+        **item,
+        "name": _text(item.get("name")),
+        "filename": item["filename"][:MAX_TEXT],
+        "message": _text(item.get("message")),
+        "related": related,
+    }
+
+
+def _list(value: Any, limit: int = MAX_LIST) -> list[Any]:
+    return value[:limit] if isinstance(value, list) else []
+
+
+def bounded(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` with every list the host walks capped and every finding well-formed.
+
+    A report comes from the run, so it may be forged: malformed findings are dropped (a
+    consumer indexing `finding["line"]` must not crash), and lists are cut at the limits above.
+    """
+    data = dict(data)
+    data["findings"] = [
+        found for item in _list(data.get("findings"), MAX_FINDINGS) if (found := _finding(item))
+    ]
+    nonfinite = data.get("nonfinite")
+    if isinstance(nonfinite, dict):
+        events = [
+            {**event, **{key: _text(event.get(key)) for key in ("phase", "op", "origin")}}
+            for event in _list(nonfinite.get("events"), MAX_EVENTS)
+            if isinstance(event, dict) and _position(event)
+        ]
+        chain = [i for i in _list(nonfinite.get("chain")) if _int(i)]
+        data["nonfinite"] = {**nonfinite, "events": events, "chain": chain}
+    records = []
+    for record in _list(data.get("lines"), MAX_LINE_RECORDS):
+        if not isinstance(record, dict) or not isinstance(record.get("filename"), str):
+            continue
+        if not _int(record.get("line")):
+            continue
+        entries = [
+            {**entry, "outputs": _list(entry.get("outputs"), MAX_OUTPUTS)}
+            for entry in _list(record.get("entries"), MAX_ENTRIES)
+            if isinstance(entry, dict)
+        ]
+        records.append({**record, "source": _text(record.get("source")), "entries": entries})
+    data["lines"] = records
+    for key in ("warnings", "notes", "autocast"):
+        if key in data:
+            data[key] = _list(data.get(key))
+    parameters = data.get("parameters")
+    if isinstance(parameters, dict):
+        data["parameters"] = {
+            key: [_text(name) for name in _list(value) if isinstance(name, str)]
+            if isinstance(value, list)
+            else value
+            for key, value in parameters.items()
+        }
+    exception = data.get("exception")
+    if isinstance(exception, dict):
+        exception = {
+            **exception,
+            "type": _text(exception.get("type")) or "Exception",
+            "message": _text(exception.get("message")),
+            "traceback": _list(exception.get("traceback"), 100),
+        }
+        if not _position(exception):
+            exception.pop("filename", None)  # no position that consumers could index
+        data["exception"] = exception
+    elif exception is not None:
+        data["exception"] = None
+    return data
 
 
 def synthesize(

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from torchls.probe import untrusted
 from torchls.probe.options import ReproOptions
 from torchls.probe.prepare import Prepared, prepare
 from torchls.probe.process import Ended, supervise
@@ -161,10 +162,11 @@ def forward_progress(message: dict[str, Any], callback: ProgressCallback | None)
     if message.get("event") != "progress" or callback is None:
         return
     step, total = message.get("step"), message.get("total")
+    # The run writes these lines: they reach a terminal and the editor's progress UI.
     callback(
         ProgressEvent(
-            stage=str(message.get("stage", "")),
-            message=str(message.get("message", "")),
+            stage=untrusted.one_line(message.get("stage", ""), 40),
+            message=untrusted.one_line(message.get("message", ""), 200),
             step=step if isinstance(step, int) else None,
             total=total if isinstance(total, int) else None,
         )
@@ -210,7 +212,7 @@ def finish(
     timing = dict(final.get("timing") or {})
     timing.update(runner=runner, child_wall_s=round(ended.wall_s, 4))
     final["timing"] = timing
-    return ReproReport(final)
+    return ReproReport(final, root=str(prepared.root), allow=(str(prepared.file),))
 
 
 def _without_report(

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from importlib.machinery import all_suffixes
 from pathlib import Path
 
+from torchls.probe import seccomp
 from torchls.probe.cgroup import PidsCgroup
 from torchls.probe.options import DEFAULT_MEMORY_MB, ReproUsageError
 
@@ -442,8 +443,54 @@ def plan(
         )
     secrets = f"; refused: {', '.join(refused)}" if refused else ""
     layers.append(Layer("environment", True, f"minimal environment, no secrets{secrets}"))
-    preexec = _preexec(limits, cgroup, unshare_net, pdeathsig=not usable, nproc=nproc)
+    kernel_filter = seccomp_filter()
+    layers.append(_seccomp_layer(kernel_filter))
+    preexec = _preexec(
+        limits, cgroup, unshare_net, pdeathsig=not usable, nproc=nproc, kernel=kernel_filter
+    )
     return Launch(prefix, env, preexec, layers, cgroup, warnings, private)
+
+
+def _seccomp_layer(kernel_filter: seccomp.Filter | None) -> Layer:
+    if kernel_filter is None:
+        return Layer(
+            "kernel_objects",
+            False,
+            "NOT filtered: no seccomp filter for this system; keyrings and per-user kernel "
+            "objects (inotify) are shared with you",
+        )
+    return Layer(
+        "kernel_objects",
+        True,
+        "new session keyring; seccomp refuses " + ", ".join(seccomp.REFUSED),
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def seccomp_filter() -> seccomp.Filter | None:
+    """This machine's filter, if a throw-away child shows that it installs and refuses keyctl."""
+    kernel_filter = seccomp.for_this_machine()
+    libc = _libc()
+    if kernel_filter is None or libc is None:
+        return None
+    code = (
+        "import ctypes,sys;l=ctypes.CDLL(None,use_errno=True);"
+        f"r=l.syscall({kernel_filter.keyctl},0,-3,0);"
+        "sys.exit(0 if r==-1 and ctypes.get_errno()==1 else 1)"
+    )
+
+    def install() -> None:
+        kernel_filter.new_session_keyring(libc)
+        if not kernel_filter.install(libc):
+            os._exit(3)
+
+    try:
+        done = subprocess.run(
+            [sys.executable, "-S", "-c", code], timeout=10, check=False, preexec_fn=install
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return kernel_filter if done.returncode == 0 else None
 
 
 def _capabilities_detail(view: View, own_namespaces: bool) -> str:
@@ -840,10 +887,11 @@ def _preexec(
     unshare_net: bool,
     pdeathsig: bool,
     nproc: int | None,
+    kernel: seccomp.Filter | None = None,
 ) -> Callable[[], None]:
     """Runs in the child between fork and exec: only async-signal-tolerant, prepared work."""
     assert resource is not None  # plan() checked the platform
-    libc = _libc() if (unshare_net or pdeathsig) else None
+    libc = _libc() if (unshare_net or pdeathsig or kernel is not None) else None
     memory = limits.memory_mb << 20
     size = limits.file_size_mb << 20
     memory_limit = resource.RLIMIT_DATA if limits.use_data_limit else resource.RLIMIT_AS
@@ -872,5 +920,10 @@ def _preexec(
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if libc is not None and unshare_net:
             libc.unshare(flags)
+        if libc is not None and kernel is not None:
+            # Last: nothing above needs the refused calls, and everything after inherits it.
+            kernel.new_session_keyring(libc)
+            if not kernel.install(libc):
+                os._exit(126)  # the plan promised the filter: never run without it
 
     return apply

@@ -4,15 +4,21 @@ In: a `ReproReport`. Out: a string a person would rather read than the JSON: sta
 the sandbox layers that held (and loudly, the ones that did not), the first non-finite value with
 its source line and a caret under the expression, the origin -> loss chain, parameters without
 gradients, loss-contract violations, the findings, and a compact per-line table of shapes.
+
+Everything in a report came from the run, so it is untrusted: source lines are shown only for
+files `ProjectSources` allows (inside the project, no links, no /proc or /dev, bounded), never
+for whatever path the report names, and the finished text is stripped of every control
+character before it reaches a terminal or a CI log.
 """
 
 from __future__ import annotations
 
-import linecache
 import os
 from typing import Any
 
+from torchls.probe import untrusted
 from torchls.probe.report import ReproReport
+from torchls.probe.sources import ProjectSources
 
 MAX_TABLE_ROWS = 40
 
@@ -20,14 +26,15 @@ MAX_TABLE_ROWS = 40
 def render(report: ReproReport, cwd: str | None = None) -> str:
     data = report.data
     base = cwd or os.getcwd()
+    sources = ProjectSources(report.root, allow=report.allow)
     out: list[str] = []
     out += _header(data, base)
     out += _sandbox(data)
     out += _setup_error(data)
-    out += _first_nonfinite(data, base)
+    out += _first_nonfinite(data, base, sources)
     out += _parameters(data)
-    out += _contracts(data, base)
-    out += _exception(data, base)
+    out += _contracts(data, base, sources)
+    out += _exception(data, base, sources)
     out += _findings(data, base)
     out += _table(data, base)
     out += _output(data)
@@ -35,7 +42,7 @@ def render(report: ReproReport, cwd: str | None = None) -> str:
     if report.setup_error is None:
         out.append("")
         out.append("No findings." if count == 0 else f"{count} finding{'s' if count != 1 else ''}.")
-    return "\n".join(out) + "\n"
+    return untrusted.terminal("\n".join(out)) + "\n"
 
 
 def _rel(path: str | None, base: str) -> str:
@@ -106,8 +113,10 @@ def _setup_error(data: dict[str, Any]) -> list[str]:
     return ["", f"error: {exception.get('message')}"]
 
 
-def _caret(filename: str, line: int, column: int, end_column: int, note: str) -> list[str]:
-    text = linecache.getline(filename, line).rstrip("\r\n")
+def _caret(
+    sources: ProjectSources, filename: str, line: int, column: int, end_column: int, note: str
+) -> list[str]:
+    text = untrusted.terminal(sources.line(filename, line))
     if not text:
         return [f"  {note}"]
     number = str(line)
@@ -126,7 +135,7 @@ def _event_by_index(data: dict[str, Any], index: int | None) -> dict[str, Any] |
     return None
 
 
-def _first_nonfinite(data: dict[str, Any], base: str) -> list[str]:
+def _first_nonfinite(data: dict[str, Any], base: str, sources: ProjectSources) -> list[str]:
     nonfinite = data.get("nonfinite") or {}
     events = nonfinite.get("events") or []
     if not events:
@@ -136,7 +145,9 @@ def _first_nonfinite(data: dict[str, Any], base: str) -> list[str]:
     where = f"{_rel(event['filename'], base)}:{event['line']}:{event['column']}"
     lines = ["", f"first non-finite value: {event['phase']}, {where}"]
     note = first["message"].split(": ", 1)[-1] if first else event["op"]
-    lines += _caret(event["filename"], event["line"], event["column"], event["end_column"], note)
+    lines += _caret(
+        sources, event["filename"], event["line"], event["column"], event["end_column"], note
+    )
     chain = [_event_by_index(data, i) for i in nonfinite.get("chain") or []]
     chain = [e for e in chain if e is not None]
     if len(chain) > 1:
@@ -167,7 +178,7 @@ def _parameters(data: dict[str, Any]) -> list[str]:
     return ["", *lines] if lines else []
 
 
-def _contracts(data: dict[str, Any], base: str) -> list[str]:
+def _contracts(data: dict[str, Any], base: str, sources: ProjectSources) -> list[str]:
     found = [f for f in data.get("findings") or [] if f.get("code") == "TL903"]
     if not found:
         return []
@@ -178,13 +189,13 @@ def _contracts(data: dict[str, Any], base: str) -> list[str]:
         lines += [
             "  " + text
             for text in _caret(
-                item["filename"], item["line"], item["column"], item["end_column"], ""
+                sources, item["filename"], item["line"], item["column"], item["end_column"], ""
             )
         ]
     return lines
 
 
-def _exception(data: dict[str, Any], base: str) -> list[str]:
+def _exception(data: dict[str, Any], base: str, sources: ProjectSources) -> list[str]:
     exception = data.get("exception") or {}
     if exception.get("kind") not in ("user", "limit") or not exception.get("filename"):
         return []
@@ -192,6 +203,7 @@ def _exception(data: dict[str, Any], base: str) -> list[str]:
     lines = ["", f"exception: {exception['type']} at {where}"]
     note = str(exception.get("message", "")).strip().splitlines()
     lines += _caret(
+        sources,
         exception["filename"],
         exception["line"],
         exception["column"],

@@ -24,6 +24,7 @@ import contextlib
 import itertools
 import json
 import os
+import secrets
 import selectors
 import signal
 import subprocess
@@ -61,8 +62,8 @@ CLOSE_JOIN_S = 10.0  # how long closing a session waits for a worker start to wi
 # How long past its deadline a worker may stay silent before it is killed as a whole.
 WORKER_SLACK_S = 15.0
 # The longest line read from a worker: an exit message carries a report of up to
-# REPORT_READ_LIMIT bytes, which JSON escaping can make a few times longer. A run's child shares
-# the channel and could write a line without end; past this, the line is dropped.
+# REPORT_READ_LIMIT bytes, which JSON escaping can make a few times longer; past this, the line
+# is dropped.
 MESSAGE_LIMIT = 8 * REPORT_READ_LIMIT
 
 
@@ -272,6 +273,8 @@ class WarmWorker:
     ) -> ReproReport:
         started = time.monotonic()
         run_id = next(self._ids)
+        # Only the worker knows it (never the run's child): messages without it are not ours.
+        token = secrets.token_hex(16)
         r = prepared.resolved
         request = prepared.request(None, None)  # the worker picks the run's own folder
         limits = limits_for(
@@ -282,6 +285,7 @@ class WarmWorker:
             {
                 "op": "run",
                 "id": run_id,
+                "token": token,
                 "request": request,
                 "limits": _limits_json(limits),
                 "deadline_s": deadline_s,
@@ -293,7 +297,7 @@ class WarmWorker:
         )
         notify(on_progress, ProgressEvent("start", "forking warm interpreter"))
         exit_message, child = self._follow(
-            run_id, started + deadline_s + WORKER_SLACK_S, on_progress, cancel_event
+            run_id, token, started + deadline_s + WORKER_SLACK_S, on_progress, cancel_event
         )
         # Whatever this run left could not all be removed: no later run may inherit it.
         self.dirty = self.dirty or exit_message.get("dirty") is not False
@@ -311,6 +315,7 @@ class WarmWorker:
     def _follow(
         self,
         run_id: int,
+        token: str,
         hard_deadline: float,
         on_progress: ProgressCallback | None,
         cancel_event: threading.Event | None,
@@ -325,11 +330,7 @@ class WarmWorker:
                 self.close()
                 raise WorkerError("the warm worker did not end the run at its deadline")
             for message in self._messages(0.05):
-                if message.get("id") != run_id:
-                    # The real end of a run whose child forged its own "exit" earlier: if that
-                    # run could not be cleaned up, the next one must not inherit it.
-                    if message.get("event") == "exit" and message.get("dirty") is not False:
-                        self.dirty = True
+                if message.get("id") != run_id or message.get("token") != token:
                     continue
                 event = message.get("event")
                 if event == "exit":
@@ -373,12 +374,9 @@ class WarmWorker:
                 return
             self._closed = True
         try:
-            if self.process.poll() is None:
-                try:
-                    self._send({"op": "exit"})
-                    self.process.wait(timeout=2)
-                except (WorkerError, subprocess.TimeoutExpired):
-                    pass
+            # No goodbye: the worker keeps nothing worth saving, and waiting for it made an
+            # editor's shutdown request time out. Its runs die with it (PDEATHSIG, and the PID
+            # namespace under bubblewrap).
             if self.process.poll() is None:
                 with contextlib.suppress(OSError):
                     os.killpg(self.process.pid, signal.SIGKILL)
