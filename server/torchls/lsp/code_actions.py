@@ -3,12 +3,16 @@
 In: `textDocument/codeAction` (range, context diagnostics, `only` kinds). Out: `CodeAction`s:
 
 - `quickfix` "Fix TLxxx: <message>" for each torchls finding in range that has a fix (unsafe
-  fixes say "(unsafe)" and are never preferred),
+  fixes say "(unsafe)" and are never preferred; a safe one is preferred only for the finding the
+  request is about: one of the diagnostics the client sent, else the one under the cursor),
 - `quickfix` "Disable TLxxx for this line" for each torchls finding in range,
 - `quickfix` "Show documentation for TLxxx", once per code in range, running the
   `torchls.showRuleDoc` command (`rule_docs`),
 - `source.fixAll.torchls`, all SAFE fixes of the document in one edit (re-analysing until no
-  more apply, since fixes that overlap wait for the next pass),
+  more apply, since fixes that overlap wait for the next pass), when the client asks for source
+  actions (`only`) or after the actions of a finding in range. Never on its own for a range
+  without a finding: clients such as eglot make the first action the default, and a stray Enter
+  would apply every fix in the file,
 - `torchls.repro` "Run bounded repro" on lines inside a training loop or train step, in trusted
   workspaces only (`repro`).
 
@@ -86,12 +90,20 @@ def _matching_diagnostic(
     return finding_diagnostic
 
 
+def _contains(outer: types.Range, inner: types.Range) -> bool:
+    def key(position: types.Position) -> tuple[int, int]:
+        return position.line, position.character
+
+    return key(outer.start) <= key(inner.start) and key(inner.end) <= key(outer.end)
+
+
 def _fix_action(
     server: TorchLanguageServer,
     finding: Finding,
     diagnostic: types.Diagnostic,
     index: LineIndex,
     snapshot: Snapshot,
+    own: bool,
 ) -> types.CodeAction | None:
     fix = finding.fix
     if fix is None:
@@ -103,7 +115,7 @@ def _fix_action(
         title=title,
         kind=types.CodeActionKind.QuickFix,
         diagnostics=[diagnostic],
-        is_preferred=None if unsafe else True,
+        is_preferred=True if own and not unsafe else None,
         edit=_workspace_edit(server, snapshot, edits),
     )
 
@@ -240,8 +252,15 @@ async def code_actions(
                 continue
             if requested_codes and finding.code not in requested_codes:
                 continue
+            ours = diagnostic
             diagnostic = _matching_diagnostic(diagnostic, params.context.diagnostics)
-            if (action := _fix_action(server, finding, diagnostic, index, snapshot)) is not None:
+            # The finding the request is about: one the client sent, or, when it sent none,
+            # the one whose range holds the cursor (or selection).
+            own = diagnostic is not ours or (
+                not requested_codes and _contains(ours.range, params.range)
+            )
+            action = _fix_action(server, finding, diagnostic, index, snapshot, own)
+            if action is not None:
                 fixes.append(action)
             key = (finding.code, finding.span.start.row)
             if key not in seen_lines:
@@ -255,7 +274,14 @@ async def code_actions(
         actions.extend(fixes)
         actions.extend(silencers)
         actions.extend(docs)
-    if _wanted(FIX_ALL_KIND, only) and (action := await _fix_all_action(server, snapshot, outcome)):
+    asked_for_source = any(
+        kind == FIX_ALL_KIND or FIX_ALL_KIND.startswith(f"{kind}.") for kind in only
+    )
+    if (
+        _wanted(FIX_ALL_KIND, only)
+        and (asked_for_source or actions)
+        and (action := await _fix_all_action(server, snapshot, outcome))
+    ):
         actions.append(action)
     if _wanted(REPRO_KIND, only) and server.repro is not None:
         if (action := await server.repro.code_action(snapshot, params.range)) is not None:

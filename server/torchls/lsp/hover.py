@@ -1,9 +1,10 @@
 """Hover: the static contract of the loss under the cursor, and the last repro's trace.
 
-In: `textDocument/hover` at an LSP position. Out: Markdown (plain text for clients that only
-take plain text) from `torchls.analysis.loss_contract_at` when the cursor is on a loss, and from
-`repro_hover` when the last repro traced the line or the value under the cursor (both, one
-after the other, when both apply), or None.
+In: `textDocument/hover` at an LSP position. Out: Markdown from
+`torchls.analysis.loss_contract_at` when the cursor is on a loss, and from `repro_hover` when
+the last repro traced the line or the value under the cursor (both, one after the other, when
+both apply), or None. Clients that take only plain text get the same rendered by `plaintext`
+(tables aligned, no Markdown markers).
 """
 
 from __future__ import annotations
@@ -12,21 +13,14 @@ import asyncio
 import logging
 
 from lsprotocol import types
-from pygls.capabilities import get_capability
 
 from torchls.analysis import loss_contract_at
 from torchls.analysis.resolver import CachedView
+from torchls.lsp import plaintext
 from torchls.lsp.repro_hover import repro_hover
 from torchls.lsp.server import MAX_DOCUMENT_CHARS, TorchLanguageServer
 
 logger = logging.getLogger(__name__)
-
-
-def _content_kind(server: TorchLanguageServer) -> types.MarkupKind:
-    formats = get_capability(server.client_capabilities, "text_document.hover.content_format", None)
-    if formats and types.MarkupKind.Markdown not in formats:
-        return types.MarkupKind.PlainText
-    return types.MarkupKind.Markdown
 
 
 def _contract(
@@ -66,7 +60,12 @@ async def hover(server: TorchLanguageServer, params: types.HoverParams) -> types
     if not parts:
         return None
     markdown = "\n\n---\n\n".join(parts)
-    return types.Hover(contents=types.MarkupContent(kind=_content_kind(server), value=markdown))
+    if not plaintext.accepts_markdown(server):
+        text = plaintext.render(markdown)
+        content = types.MarkupContent(kind=types.MarkupKind.PlainText, value=text)
+    else:
+        content = types.MarkupContent(kind=types.MarkupKind.Markdown, value=markdown)
+    return types.Hover(contents=content)
 
 
 def register(server: TorchLanguageServer) -> None:

@@ -15,12 +15,25 @@ else the user must know (with the setting that fixes it). The command answers wi
 `{"status", "message", ...}` once the run is over. (`$/cancelRequest` on the command is not a
 way to cancel: pygls answers it without stopping the handler; the progress bar's cancel is.)
 
+Clients that do not announce `window.workDoneProgress` (eglot) wait on the command's answer
+with a request timeout (eglot's is 10 s, blocking the editor meanwhile) and show no progress,
+so for them the command answers `{"status": "started"}` as soon as the run is accepted, and the
+run reports later: its findings as diagnostics and a short `window/showMessage` (eglot ignores
+`window/logMessage`).
+
 Threads: the probe call blocks, so each run gets a dedicated thread that lives as long as the
 run does (bubblewrap's die-with-parent is tied to the thread that started it); the event loop
 only awaits a future the thread resolves, so diagnostics and hovers keep flowing. The analysis
 worker is never used for a run. One `ReproSession` serves the server: the first run is cold and
 starts a warm worker meanwhile, so later runs fork an interpreter that already imported torch.
 A new run on a document cancels the one in flight on it.
+
+Shutting down: `shutdown` is answered at once (eglot kills a server that takes more than 1.5 s);
+the runs are cancelled and the session is closed on a thread of its own, which `exit` (the
+interpreter's exit) waits for, so a server that is allowed to exit leaves no folder behind. A
+server killed right after `exit` (eglot again) is cleaned up after by `leftovers`: the helper
+started with the session removes this server's folders once it is gone, and every server
+removes the folders of dead servers at start-up.
 """
 
 from __future__ import annotations
@@ -40,17 +53,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lsprotocol import types
+from pygls.capabilities import get_capability
 from pygls.exceptions import JsonRpcInvalidParams
 from pygls.uris import to_fs_path
 
+from torchls.lsp import plaintext
 from torchls.lsp import repro_messages as messages
 from torchls.lsp.diagnostics import republish_all, request_diagnostics
 from torchls.lsp.repro_diagnostics import ProbeDiagnostics
 from torchls.lsp.repro_lookup import Region, repro_regions
 from torchls.lsp.repro_progress import ReproProgress
-from torchls.lsp.repro_state import build_result, read_baseline, real_path
+from torchls.lsp.repro_state import ReproResult, build_result, read_baseline, real_path
 from torchls.lsp.server import Snapshot, TorchLanguageServer
 from torchls.lsp.settings import ProbeSettings
+from torchls.probe import leftovers, untrusted
 
 if TYPE_CHECKING:
     from torchls.probe import ProgressEvent, ReproSession
@@ -112,7 +128,9 @@ def choose_python(setting: str | None, root: Path) -> tuple[str, str]:
 @dataclass
 class Finished:
     report_data: dict[str, Any]
-    baseline: list[str] | None
+    # The report sorted by file, with the lines of the files it names read (safely, once) on
+    # the run's thread, never on the event loop. Its run id is given when it is delivered.
+    result: ReproResult
     python: str
     python_source: str
 
@@ -139,6 +157,18 @@ class ActiveRun:
     superseded: bool = False
 
 
+def announces_progress(server: TorchLanguageServer) -> bool:
+    """Whether the client shows work-done progress (and so can wait for a run's answer)."""
+    return bool(get_capability(server.client_capabilities, "window.work_done_progress", False))
+
+
+def _close_quietly(session: ReproSession) -> None:
+    try:
+        session.close()
+    except Exception:  # shutting down must always succeed
+        logger.exception("closing the repro session failed")
+
+
 class ReproController:
     """The repro features of one server: runs in flight, the warm session, code action regions."""
 
@@ -148,6 +178,11 @@ class ReproController:
         self.run_ids = itertools.count(1)
         self._session: ReproSession | None = None
         self._session_lock = threading.Lock()
+        self._closed = False
+        self._closers: list[threading.Thread] = []
+        # Runs whose command already answered (clients without progress); referenced here
+        # because the event loop keeps only weak references to tasks.
+        self._detached: set[asyncio.Task[None]] = set()
         self._regions: dict[str, tuple[tuple[int | None, str], list[Region]]] = {}
 
     # -- the warm session --
@@ -157,21 +192,39 @@ class ReproController:
         which the event loop should not pay). Its first run is cold and starts the warm worker
         that later runs fork from."""
         with self._session_lock:
+            if self._closed:
+                raise RuntimeError("the server is shutting down")
             if self._session is None:
                 from torchls.probe import ReproSession
 
+                # Removes this server's folders should it be killed before it can.
+                leftovers.watch_this_process()
                 self._session = ReproSession(warm=True)
                 atexit.register(self.close)
             return self._session
 
-    def close(self) -> None:
+    def begin_close(self) -> None:
+        """At `shutdown`: cancel every run and close the session on a thread of its own, so
+        that the answer never waits for a worker to stop."""
         for run in self.active.values():
             run.cancel.set()
+        for task in list(self._detached):
+            task.cancel()
         with self._session_lock:
+            self._closed = True
             session, self._session = self._session, None
         if session is not None:
-            with contextlib.suppress(Exception):
-                session.close()
+            closer = threading.Thread(
+                target=_close_quietly, args=(session,), name="torchls-repro-close", daemon=True
+            )
+            closer.start()
+            self._closers.append(closer)
+
+    def close(self) -> None:
+        """At exit: the same, then wait until the session is closed and its folders are gone."""
+        self.begin_close()
+        for closer in self._closers:
+            closer.join()
 
     # -- the command --
 
@@ -188,6 +241,33 @@ class ReproController:
                 "file first.",
                 types.MessageType.Error,
             )
+        if announces_progress(server):
+            return await self._run(request, path, detached=False)
+        task = asyncio.ensure_future(self._run_detached(request, path))
+        self._detached.add(task)
+        task.add_done_callback(self._detached.discard)
+        message = (
+            f"torchls: running the repro of {Path(path).name}; its findings will appear as "
+            "diagnostics."
+        )
+        self._show(message, types.MessageType.Info)
+        return {"status": "started", "message": message}
+
+    async def _run_detached(self, request: RunRequest, path: str) -> None:
+        """A run whose command has answered: nobody awaits it, so it must not raise."""
+        try:
+            await self._run(request, path, detached=True)
+        except asyncio.CancelledError:
+            pass  # the server is shutting down; begin_close stopped the run
+        except Exception:
+            logger.exception("the repro of %s failed", path)
+            self._show(
+                f"torchls: the repro of {Path(path).name} failed (see the server's log).",
+                types.MessageType.Error,
+            )
+
+    async def _run(self, request: RunRequest, path: str, detached: bool) -> dict[str, Any]:
+        server = self.server
         await server.wait_for_settings()
         probe = server.settings.probe
         # A loop, not an if: two new runs may both have waited for the same old one.
@@ -212,7 +292,7 @@ class ReproController:
                 del self.active[request.uri]
             if not active.started:
                 active.finished.set()  # nothing ran, so nothing for a successor to wait for
-        return self._conclude(request, path, outcome, active, progress, unsaved)
+        return self._conclude(request, path, outcome, active, progress, unsaved, detached)
 
     def _unsaved(self, uri: str, path: str) -> bool:
         """Whether the open document differs from the file the run will execute."""
@@ -284,7 +364,9 @@ class ReproController:
                     report = self.session().run(
                         path, options, on_progress=on_progress, cancel_event=active.cancel
                     )
-                    outcome = Finished(report.data, baseline, python, source)
+                    baselines = {real_path(path): baseline} if baseline is not None else {}
+                    result = build_result(request.uri, 0, report.data, baselines, root=root)
+                    outcome = Finished(report.data, result, python, source)
                 except ReproCancelled:
                     outcome = Cancelled()
                 except ReproUsageError as error:
@@ -311,6 +393,7 @@ class ReproController:
         active: ActiveRun,
         progress: ReproProgress,
         unsaved: bool,
+        detached: bool = False,
     ) -> dict[str, Any]:
         name = Path(path).name
         if isinstance(outcome, Cancelled):
@@ -333,12 +416,14 @@ class ReproController:
             progress.end("could not run")
             message = messages.setup_failure(data, outcome.python, outcome.python_source)
             return self._tell("failed", message, types.MessageType.Error)
-        baselines = {real_path(path): outcome.baseline} if outcome.baseline is not None else {}
-        result = build_result(request.uri, next(self.run_ids), data, baselines)
+        result = outcome.result
+        result.run_id = next(self.run_ids)
         self._refresh(self.server.repro_store.put(result))
         summary = messages.summary(data, path)
         progress.end(summary)
         self.server.log(f"torchls: {summary}")
+        if detached:  # no progress bar and no answer to carry it: the one sign the run ended
+            self._show(f"torchls: {untrusted.notification(summary)}", types.MessageType.Info)
         for kind, text in messages.report_messages(data, path):
             self._show(text, kind)
         if (weaker := messages.sandbox_problem(data)) is not None:
@@ -360,6 +445,8 @@ class ReproController:
         }
 
     def _show(self, message: str, kind: types.MessageType) -> None:
+        if not plaintext.accepts_markdown(self.server):
+            message = plaintext.inline(message)  # `torchls.probe.python` reads as is
         self.server.window_show_message(types.ShowMessageParams(type=kind, message=message))
 
     def _tell(self, status: str, message: str, kind: types.MessageType) -> dict[str, Any]:
@@ -430,12 +517,33 @@ class ReproController:
         )
 
 
+def remove_leftovers(server: TorchLanguageServer) -> None:
+    """Start removing the folders that killed torchls processes left behind (on a thread: a
+    big leftover must not delay `initialize`); the log says what went."""
+    loop = asyncio.get_running_loop()
+
+    def sweep() -> None:
+        try:
+            removed = leftovers.sweep()
+        except Exception:  # a cleanup bug must not cost the user the server
+            logger.exception("removing leftover folders failed")
+            return
+        if removed:
+            names = ", ".join(path.name for path in removed)
+            message = f"torchls: removed {len(removed)} folder(s) left by stopped servers: {names}"
+            with contextlib.suppress(RuntimeError):  # the loop is gone: the server is exiting
+                loop.call_soon_threadsafe(server.log, message)
+
+    threading.Thread(target=sweep, name="torchls-leftovers", daemon=True).start()
+
+
 def register(server: TorchLanguageServer) -> ReproController:
     """Attach the repro commands, the diagnostics layer and shutdown handling to `server`."""
     controller = ReproController(server)
     server.repro = controller
     server.diagnostic_layers.append(ProbeDiagnostics(server, server.repro_store))
-    server.shutdown_hooks.append(controller.close)
+    server.shutdown_hooks.append(controller.begin_close)
+    server.initialize_hooks.append(lambda _params: remove_leftovers(server))
 
     @server.command(RUN_REPRO)
     async def run_repro(ls: TorchLanguageServer, *arguments: Any) -> dict[str, Any]:

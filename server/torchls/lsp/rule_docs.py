@@ -8,8 +8,13 @@ that announce `window.showDocument`:
   comes from `initializationOptions.docsUrl` (flat, or under `settings` / `torchls`) or the
   `TORCHLS_DOCS_URL` environment variable; `{code}` and `{anchor}` in it are replaced, else
   `#<anchor>` of the rule's heading in docs/rules.md is appended;
-- otherwise the Markdown written to a private temporary folder (removed when the server exits)
-  and opened as a document in the editor.
+- otherwise the Markdown written to a private temporary folder (removed when the server exits,
+  or by the next server if this one is killed: `torchls.probe.leftovers`) and opened as a
+  document in the editor.
+
+Clients without `window/showDocument` (eglot, Neovim 0.7) would drop the returned Markdown, so
+they get the documentation as a `window/showMessage`, rendered as plain text (`plaintext`),
+with the docs URL when one is configured.
 
 The "Show documentation for TLxxx" code action (`code_actions`) runs this command.
 """
@@ -32,8 +37,10 @@ from pygls.uris import from_fs_path
 
 from torchls.analysis import Rule, get_rule
 from torchls.docs import rule_anchor, rule_markdown
+from torchls.lsp import plaintext
 from torchls.lsp.server import TorchLanguageServer
 from torchls.lsp.settings import SECTION
+from torchls.probe.leftovers import RULES, owned_prefix
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +104,7 @@ class RuleDocs:
     def page(self, rule: Rule, markdown: str) -> Path:
         """The rule's Markdown as a file the editor can open."""
         if self._folder is None:
-            self._folder = Path(tempfile.mkdtemp(prefix="torchls-rules-"))
+            self._folder = Path(tempfile.mkdtemp(prefix=owned_prefix(RULES)))
             atexit.register(shutil.rmtree, self._folder, ignore_errors=True)
         path = self._folder / f"{rule.code}.md"
         path.write_text(markdown, encoding="utf-8")
@@ -106,19 +113,30 @@ class RuleDocs:
     async def show(self, server: TorchLanguageServer, *arguments: Any) -> str:
         rule = _rule_from(arguments)
         markdown = rule_markdown(rule)
-        if get_capability(server.client_capabilities, "window.show_document.support", False):
-            if self.docs_url:
-                params = types.ShowDocumentParams(uri=rule_url(self.docs_url, rule), external=True)
-            else:
-                uri = from_fs_path(str(self.page(rule, markdown))) or ""
-                params = types.ShowDocumentParams(uri=uri, take_focus=True)
-            try:
-                result = await server.window_show_document_async(params)
-                if result is not None and not result.success:
-                    logger.info("the client did not show %s", params.uri)
-            except Exception as error:  # showing is a courtesy; the answer still carries the doc
-                logger.warning("window/showDocument failed: %s", error)
+        if not get_capability(server.client_capabilities, "window.show_document.support", False):
+            self.tell(server, rule, markdown)
+            return markdown
+        if self.docs_url:
+            params = types.ShowDocumentParams(uri=rule_url(self.docs_url, rule), external=True)
+        else:
+            uri = from_fs_path(str(self.page(rule, markdown))) or ""
+            params = types.ShowDocumentParams(uri=uri, take_focus=True)
+        try:
+            result = await server.window_show_document_async(params)
+            if result is not None and not result.success:
+                logger.info("the client did not show %s", params.uri)
+        except Exception as error:  # showing is a courtesy; the answer still carries the doc
+            logger.warning("window/showDocument failed: %s", error)
         return markdown
+
+    def tell(self, server: TorchLanguageServer, rule: Rule, markdown: str) -> None:
+        """The documentation as a message, for clients that cannot be asked to open it."""
+        text = plaintext.render(markdown)
+        if self.docs_url:
+            text += f"\n\nOnline: {rule_url(self.docs_url, rule)}"
+        server.window_show_message(
+            types.ShowMessageParams(type=types.MessageType.Info, message=text)
+        )
 
 
 def register(server: TorchLanguageServer) -> None:

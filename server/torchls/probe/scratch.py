@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torchls.probe.leftovers import REPRO, owned_prefix
+
 _READ_FLAGS = (
     os.O_RDONLY
     | getattr(os, "O_NOFOLLOW", 0)
@@ -93,7 +95,8 @@ class RunFolder:
     def create(cls, package: Path, cold: bool) -> RunFolder:
         """A new folder with the probe staged (still writable: `seal` makes it read-only);
         a cold run also gets its empty report and output files."""
-        folder = cls(Path(tempfile.mkdtemp(prefix="torchls-repro-")).resolve())
+        # The owner's pid in the name lets a later server remove it if this process is killed.
+        folder = cls(Path(tempfile.mkdtemp(prefix=owned_prefix(REPRO))).resolve())
         try:
             folder.home.mkdir(mode=0o700)
             shutil.copytree(
