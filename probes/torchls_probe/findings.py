@@ -25,7 +25,13 @@ NAMES = {
     "TL904": "runtime-warning",
     "TL905": "probe-error",
     "TL906": "probe-limit",
+    "TL907": "loss-diverging",
 }
+# Origins that begin a non-finite value of their own: "op" (made from finite inputs) and
+# "masked" (a NaN made from a +-inf mask, e.g. a softmax over a row masked everywhere). A "mask"
+# (an infinity the code wrote on purpose, `masked_fill(mask, -inf)`) is not a problem unless it
+# reaches the loss, a gradient or a parameter.
+ORIGINS = ("op", "masked")
 PHASES = ("input", "forward", "loss", "backward", "step")
 
 
@@ -34,9 +40,8 @@ class Outcome:
     """How the run ended."""
 
     status: str = "ok"  # ok | error | timeout | memory | crashed
-    stopped_by: str = (
-        "end"  # steps | batches | end | exit | exception | timeout | cpu | memory | output
-    )
+    # steps | backwards | batches | end | exit | exception | timeout | cpu | memory | output
+    stopped_by: str = "end"
     exception: dict[str, Any] | None = None
     location: Location | None = None
     limit_message: str = ""
@@ -63,10 +68,13 @@ def related(loc: Location, message: str) -> dict[str, Any]:
     return item
 
 
-def build(trace: Trace, roots: Roots, outcome: Outcome, file: str) -> list[dict[str, Any]]:
+def build(
+    trace: Trace, roots: Roots, outcome: Outcome, file: str, divergence: Any = None
+) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
     found.extend(_nonfinite(trace))
     found.extend(_parameters(trace, roots, file))
+    found.extend(_diverging(divergence, trace, roots, file))
     for loc, _op, violation in trace.contracts:
         found.append(finding("TL903", violation.severity, loc, violation.message))
     for warning in trace.warnings:
@@ -128,7 +136,7 @@ def _nonfinite(trace: Trace) -> list[dict[str, Any]]:
         key=lambda e: e.index,
     )
     for index, event in enumerate(firsts):
-        if index > 0 and (event.origin != "op" or event.location.key() in reported_lines):
+        if index > 0 and (event.origin not in ORIGINS or event.location.key() in reported_lines):
             continue
         path = chain(events, event)
         links = [related(e.location, f"{e.phase}: {_what(e)}") for e in path[1:]]
@@ -145,7 +153,12 @@ def _nonfinite(trace: Trace) -> list[dict[str, Any]]:
 
 
 def _first_in(events: list[Event], phase: str) -> Event | None:
-    return next((e for e in events if e.phase == phase), None)
+    return next((e for e in events if e.phase == phase and not is_mask(e)), None)
+
+
+def is_mask(event: Event) -> bool:
+    """An intended infinity that stayed where masks belong (before the loss)."""
+    return event.origin == "mask" and event.phase in ("input", "forward")
 
 
 def _unique(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -192,7 +205,11 @@ def _event_message(event: Event, first: bool) -> str:
             else "from an already non-finite gradient"
         )
         return f"{lead} (backward): the gradient through {event.op}{module} has {values} {cause}"
-    cause = "from finite inputs" if event.origin == "op" else "from an input that was non-finite"
+    cause = {
+        "op": "from finite inputs",
+        "masked": "from an input masked with an infinity (is every position of a row masked?)",
+        "mask": "from an infinity written as a mask, and it reached the loss",
+    }.get(event.origin, "from an input that was non-finite")
     return f"{lead} ({event.phase}): {event.op}{module} produced {values} {cause}"
 
 
@@ -225,6 +242,19 @@ def _parameters(trace: Trace, roots: Roots, file: str) -> list[dict[str, Any]]:
                 links.append(related(step_lines[0], "the optimizer that steps is built without it"))
             found.append(finding("TL902", "warning", loc, f"{plural} {subject} {verb}", links))
     return found
+
+
+# --- TL907 -------------------------------------------------------------------------------------
+
+
+def _diverging(divergence: Any, trace: Trace, roots: Roots, file: str) -> list[dict[str, Any]]:
+    verdict = divergence.verdict() if divergence is not None else None
+    if verdict is None:
+        return []
+    message, where, loss_line = verdict
+    loc = where or _fallback_location(trace, roots, file)
+    links = [related(loss_line, "the loss")] if loss_line is not None and loss_line != loc else []
+    return [finding("TL907", "warning", loc, message, links)]
 
 
 def _fallback_location(trace: Trace, roots: Roots, file: str) -> Location:

@@ -4,12 +4,21 @@ In: a `Trace`, the step/batch bounds and a progress channel. Out: module paths a
 (global forward hooks), the `step` phase, parameter checks and the step bound (global optimizer
 hooks), the batch bound and input checks (a counting wrapper on `DataLoader.__iter__`), and
 Python/torch warnings placed on the innermost user line. `install()` returns an undo function.
+
+Loops written by hand (`p.data.add_(-lr * p.grad)`, no optimizer anywhere) are bounded at
+`backward()`: once no optimizer was ever made, the run stops at the first backward after the
+step bound, and which parameters got a gradient is judged right after each complete backward
+(never at the stop, which may come just after a `zero_grad`). Each step also feeds the
+divergence watch (`Divergence`): the loss at every backward, the gradient norm and the size of
+the update against the weights at every optimizer step.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -40,6 +49,9 @@ class Hooks:
         self.autocast: dict[str, None] = {}
         self._params_checked: set[int] = set()
         self._grads_finite = True
+        self.optimizers_made = 0
+        self.divergence = Divergence()
+        self.got_grad: set[int] = set()  # parameters a complete backward reached
 
     def install(self) -> Callable[[], None]:
         handles = [
@@ -49,7 +61,16 @@ class Hooks:
             register_optimizer_step_post_hook(self._step_post),
         ]
         original_iter = DataLoader.__iter__
+        original_init = torch.optim.Optimizer.__init__
         hooks = self
+
+        def counting_init(optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
+            original_init(optimizer, *args, **kwargs)
+            hooks.optimizer_made(optimizer)
+
+        torch.optim.Optimizer.__init__ = counting_init  # type: ignore[method-assign]
+        self.trace.before_backward = self._backward_pre
+        self.trace.after_backward = self._backward_post
 
         def counting_iter(loader: DataLoader) -> Any:
             return _CountingIterator(original_iter(loader), hooks)
@@ -58,13 +79,16 @@ class Hooks:
         original_show = warnings.showwarning
         catcher = warnings.catch_warnings()
         catcher.__enter__()
-        warnings.simplefilter("default")
+        # Python's own filters stay: what it hides by default (ResourceWarning, deprecations
+        # raised inside libraries) stays hidden, as in a plain run of the script.
         warnings.showwarning = self._show_warning
 
         def undo() -> None:
             catcher.__exit__(None, None, None)
             warnings.showwarning = original_show
             DataLoader.__iter__ = original_iter  # type: ignore[method-assign]
+            torch.optim.Optimizer.__init__ = original_init  # type: ignore[method-assign]
+            self.trace.before_backward = self.trace.after_backward = None
             for handle in handles:
                 handle.remove()
 
@@ -153,7 +177,30 @@ class Hooks:
             where, key, Entry(name, where.col, where.end_col, path, trace.phase, summaries)
         )
 
+    # --- backward (loops without an optimizer) ------------------------------------------------
+
+    def _backward_pre(self) -> None:
+        if self.optimizers_made == 0 and self.trace.backward_calls >= self.steps:
+            raise ProbeStop("backwards")
+
+    def _backward_post(self, roots_of_backward: Any) -> None:
+        loss = next(iter(tensors_in(roots_of_backward, 1)), None)
+        if loss is not None and loss.numel() == 1:
+            self.divergence.loss(float(loss.detach()), self.trace.user.here(), self.trace.steps)
+        for _, param, _ in self.roots.named_parameters():
+            if param.grad is not None:
+                self.got_grad.add(id(param))
+
     # --- optimizers ----------------------------------------------------------------------------
+
+    def optimizer_made(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizers_made += 1
+        trace = self.trace
+        was_busy, trace.busy = trace.busy, True
+        try:
+            self.divergence.made(optimizer, trace.user.here())
+        finally:
+            trace.busy = was_busy
 
     def _step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         trace = self.trace
@@ -167,6 +214,7 @@ class Hooks:
                 for group in optimizer.param_groups
                 for p in group["params"]
             )
+            self.divergence.before_step(optimizer, trace.steps)
         finally:
             trace.busy = False
         trace.in_step = True
@@ -182,6 +230,7 @@ class Hooks:
             where = trace.user.here()
             if where is not None:
                 self._check_updated(optimizer, where)
+            self.divergence.after_step(optimizer)
         finally:
             trace.busy = False
         self.progress.emit(
@@ -236,6 +285,109 @@ class Hooks:
     ) -> None:
         where = self.trace.user.here()
         self.trace.add_warning(where, category.__name__, str(message))
+
+
+# Above these, a bounded run is diverging: a sound step changes the weights by about the
+# learning rate (1e-5..1e-1 of them) and does not multiply the loss or the gradients by 100.
+LOSS_GROWTH = 100.0
+GRAD_GROWTH = 1000.0
+UPDATE_RATIO = 1.0
+CLONE_LIMIT = 256 << 20  # weights copied to measure an update: beyond this, not measured
+
+
+@dataclass
+class Divergence:
+    """The loss per backward, the gradient norm and update/weight ratio per optimizer step."""
+
+    losses: list[tuple[float, Any, int]] = field(default_factory=list)  # value, where, step
+    grad_norms: list[tuple[int, float]] = field(default_factory=list)  # step, norm
+    updates: list[tuple[int, float, float]] = field(default_factory=list)  # step, ratio, lr
+    made_at: dict[int, Any] = field(default_factory=dict)  # id(optimizer) -> construction line
+    _before: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    _step: int = 0
+    _optimizer: int = 0
+
+    def made(self, optimizer: torch.optim.Optimizer, where: Any) -> None:
+        if where is not None:
+            self.made_at.setdefault(id(optimizer), where)
+
+    def loss(self, value: float, where: Any, step: int) -> None:
+        if len(self.losses) < 64 and math.isfinite(value):
+            self.losses.append((value, where, step))
+
+    def _params(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+        groups = optimizer.param_groups
+        return [p for group in groups for p in group["params"] if p.grad is not None]
+
+    def before_step(self, optimizer: torch.optim.Optimizer, step: int) -> None:
+        self._before = []
+        if len(self.grad_norms) >= 64:
+            return
+        params = self._params(optimizer)
+        with torch.no_grad():
+            norms = [p.grad.detach().float().norm() for p in params]
+            total = float(torch.stack(norms).norm()) if norms else 0.0
+            if math.isfinite(total):
+                self.grad_norms.append((step, total))
+            size = sum(p.numel() * p.element_size() for p in params)
+            if size <= CLONE_LIMIT:
+                self._before = [(p, p.detach().clone()) for p in params]
+        self._step, self._optimizer = step, id(optimizer)
+
+    def after_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if not self._before or self._optimizer != id(optimizer):
+            return
+        with torch.no_grad():
+            delta = sum(float((p.detach() - old).float().norm()) ** 2 for p, old in self._before)
+            weight = sum(float(old.float().norm()) ** 2 for _, old in self._before)
+        self._before = []
+        if weight > 0 and math.isfinite(delta):
+            lr = optimizer.param_groups[0].get("lr") if optimizer.param_groups else None
+            lr_value = float(lr) if isinstance(lr, int | float) else float("nan")
+            self.updates.append((self._step, math.sqrt(delta / weight), lr_value))
+
+    def verdict(self) -> tuple[str, Any, Any] | None:
+        """(message, where, related place) for the first sign of divergence, else None."""
+        over = [item for item in self.updates if item[1] > UPDATE_RATIO]
+        if over:
+            step, ratio, lr = over[0]  # the first step that went wrong names the cause
+            if ratio > UPDATE_RATIO:
+                rate = f" (lr={lr:g})" if math.isfinite(lr) else ""
+                where = next(iter(self.made_at.values()), None)
+                return (
+                    f"the update of optimizer step {step + 1} was {ratio:.3g} x the weights"
+                    f"{rate}{self._loss_trend()}: the learning rate is probably too high",
+                    where,
+                    None,
+                )
+        if len(self.grad_norms) >= 2:
+            first = self.grad_norms[0][1]
+            step, last = max(self.grad_norms[1:], key=lambda item: item[1])
+            if first > 0 and last / first > GRAD_GROWTH:
+                where = next(iter(self.made_at.values()), None)
+                return (
+                    f"the gradient norm grew from {first:.3g} to {last:.3g} by optimizer step "
+                    f"{step + 1}{self._loss_trend()}: exploding gradients",
+                    where,
+                    None,
+                )
+        if len(self.losses) >= 2:
+            first_value, first_where, _ = self.losses[0]
+            value, where, step = max(self.losses[1:], key=lambda item: abs(item[0]))
+            if abs(first_value) > 0 and abs(value) / abs(first_value) > LOSS_GROWTH:
+                target = next(iter(self.made_at.values()), None) or where or first_where
+                return (
+                    f"the loss grew from {first_value:.4g} to {value:.4g} within {step + 1} "
+                    "step(s): the run is diverging (learning rate too high?)",
+                    target,
+                    where,
+                )
+        return None
+
+    def _loss_trend(self) -> str:
+        if len(self.losses) >= 2:
+            return f"; loss {self.losses[0][0]:.4g} -> {self.losses[-1][0]:.4g}"
+        return ""
 
 
 class _CountingIterator:

@@ -73,10 +73,12 @@ class Roots:
             elif not bool(param.grad.detach().any()):
                 self.zero_grad.setdefault(name, definition(model, name, self.user))
 
-    def check_unused_after_backward(self) -> None:
-        """No optimizer ever stepped (function mode without one): judge by .grad alone."""
+    def check_unused_after_backward(self, reached: set[int]) -> None:
+        """No optimizer ever stepped (a hand-written update, function mode without one): the
+        parameters that no complete backward reached (`reached`: ids seen with a gradient right
+        after a backward, so a `zero_grad` before the run stopped does not count)."""
         for name, param, model in self.named_parameters():
-            if param.grad is None:
+            if id(param) not in reached:
                 self.without_grad.setdefault(name, definition(model, name, self.user))
 
     def not_in_optimizer(self) -> dict[str, Location | None]:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchls_probe import SCHEMA_VERSION, __version__
 from torchls_probe.attribution import Location
-from torchls_probe.findings import Outcome, chain
+from torchls_probe.findings import ORIGINS, Outcome, chain, is_mask
 from torchls_probe.positions import columns, position, source_line
 from torchls_probe.records import Event
 
@@ -98,8 +98,10 @@ def _nonfinite(trace: Trace | None) -> dict[str, Any]:
     if trace is None or not trace.events.items:
         return {"events": [], "dropped": trace.events.dropped if trace else 0, "chain": []}
     events = trace.events.items
-    first = events[0]
-    origin = next((e for e in events if e.origin == "op"), first)
+    # Masks (infinities written on purpose) are listed, but are neither "first" nor an origin.
+    real = [e for e in events if not is_mask(e)] or events
+    first = real[0]
+    origin = next((e for e in real if e.origin in ORIGINS), first)
     return {
         "events": [_event_json(e) for e in events],
         "dropped": trace.events.dropped,

@@ -272,8 +272,8 @@ def _write(
     parameters: dict[str, list[str]] = {"without_grad": [], "zero_grad": [], "not_in_optimizer": []}
     try:
         if trace is not None and roots is not None:
-            if trace.backward_calls and not roots.optimizers:
-                roots.check_unused_after_backward()
+            if trace.backward_calls and not roots.optimizers and hooks is not None:
+                roots.check_unused_after_backward(hooks.got_grad)
             parameters = {
                 "without_grad": list(roots.without_grad),
                 "zero_grad": list(roots.zero_grad),
@@ -290,7 +290,8 @@ def _write(
                 }
                 environment["parameter_dtypes"] = sorted(dtypes)
         if trace is not None and roots is not None:
-            found = finding_rules.build(trace, roots, outcome, request.file)
+            divergence = hooks.divergence if hooks is not None else None
+            found = finding_rules.build(trace, roots, outcome, request.file, divergence)
         elif outcome.stopped_by in ("timeout", "cpu", "memory", "output"):
             found = finding_rules.build_limit_only(outcome, request.file)
     except BaseException as error:

@@ -9,6 +9,7 @@ so it is attributed through `Node.register_hook` closures created when the forwa
 
 from __future__ import annotations
 
+import math
 import sys
 import weakref
 from collections import deque
@@ -33,9 +34,48 @@ _UNINITIALIZED = {
     "Tensor.new_empty_strided",
 }
 _DIFFERENCES = {"Tensor.sub", "Tensor.__sub__", "Tensor.__rsub__", "Tensor.rsub", "torch.sub"}
+# Ops that write a fill value: with an infinite one (`masked_fill(mask, float("-inf"))` before a
+# softmax, `torch.full((n, n), -inf).triu(1)` for causal attention) the infinity is a mask the
+# code meant, not a numerical accident.
+_MASK_WRITERS = {
+    "Tensor.masked_fill",
+    "Tensor.masked_fill_",
+    "torch.masked_fill",
+    "torch.where",
+    "Tensor.where",
+    "torch.full",
+    "torch.full_like",
+    "Tensor.new_full",
+    "Tensor.fill_",
+    "torch.fill",
+    "Tensor.index_fill",
+    "Tensor.index_fill_",
+    "torch.tensor",
+    "torch.as_tensor",
+    "torch.scalar_tensor",
+}
 # Autograd nodes walked per recorded op: enough to cover a composite op's internal nodes.
 _NODE_WALK = 32
 _SUSPECT_SEARCH = 512
+
+
+def _infinite_fill(args: tuple, kwargs: dict) -> bool:
+    """Whether a fill value among the arguments is +-inf (a Python float, a one-element tensor,
+    or a short literal list such as `torch.tensor([0.0, float("-inf")])`)."""
+    values: list[Any] = [*args, *kwargs.values()]
+    seen = 0
+    while values and seen < 256:
+        value = values.pop()
+        seen += 1
+        if isinstance(value, float):
+            if math.isinf(value):
+                return True
+        elif isinstance(value, list | tuple):
+            values.extend(value[:64])
+        elif isinstance(value, torch.Tensor) and value.numel() == 1 and value.is_floating_point():
+            if math.isinf(float(value.detach())):
+                return True
+    return False
 
 
 class Trace:
@@ -58,6 +98,10 @@ class Trace:
         self.steps = 0
         self.batches = 0
         self.backward_calls = 0
+        # Set by the hooks: called before and after every backward (the step bound for loops
+        # without an optimizer, gradients judged right after a complete backward, the loss).
+        self.before_backward: Callable[[], None] | None = None
+        self.after_backward: Callable[[Any], None] | None = None
         self.current_op: str | None = None
         self.module_stack: list[torch.nn.Module] = []
         self.module_names: dict[int, str] = {}
@@ -228,7 +272,16 @@ class Tracer(TorchFunctionMode):
             elif not is_finite(t):
                 untracked = True
         origin = "propagated" if sources or untracked else "op"
-        event = self.trace.event(phase, loc, name, summary(bad), origin, sources)
+        info = summary(bad)
+        has_nan = bool((info.get("nonfinite") or {}).get("nan"))
+        mask_writer = name in _MASK_WRITERS and not has_nan
+        if origin == "op" and mask_writer and _infinite_fill(args, kwargs):
+            origin = "mask"
+        elif sources and not untracked and all(self._is_mask(i) for i in sources):
+            # Still a mask (scaled, added to, sliced), or a NaN made from one: a softmax over a
+            # row with every position masked is a real bug born here.
+            origin = "masked" if has_nan else "mask"
+        event = self.trace.event(phase, loc, name, info, origin, sources)
         if event is None:
             return origin
         index = event.index
@@ -240,6 +293,10 @@ class Tracer(TorchFunctionMode):
 
     def _forget(self, key: int) -> None:
         self._nonfinite.pop(key, None)
+
+    def _is_mask(self, index: int) -> bool:
+        items = self.trace.events.items
+        return 0 <= index < len(items) and items[index].origin == "mask"
 
     def _difference(self, name: str, loc: Location, args: tuple, out: torch.Tensor) -> None:
         """Remember `[N,1] - [N]` differences; reported if they turn out to feed a loss."""
@@ -328,17 +385,26 @@ class Tracer(TorchFunctionMode):
                     self._mark_loss(known[0], known[1])
                 self._suspects_feeding(node)
             trace.backward_lines.setdefault(loc.key(), loc)
-            trace.backward_calls += 1
         finally:
             trace.busy = False
+        if trace.before_backward is not None:
+            trace.before_backward()  # may stop the run at its step bound
+        trace.backward_calls += 1
         previous = trace.phase
         trace.phase = "backward"
         try:
-            return func(*args, **kwargs)
+            result = func(*args, **kwargs)
         finally:
             trace.phase = previous
             self._nodes.clear()
             self._suspects.clear()
+        if trace.after_backward is not None:
+            trace.busy = True
+            try:
+                trace.after_backward(first)
+            finally:
+                trace.busy = False
+        return result
 
     def _mark_loss(self, loc: Location, entry: Entry | None) -> None:
         trace = self.trace

@@ -14,6 +14,8 @@ import argparse
 import shlex
 import sys
 
+from torchls.config import DEFAULT_MEMORY_MB, DEFAULT_STEPS, DEFAULT_TIMEOUT_S, DEVICE_CHOICES
+
 EXIT_CLEAN = 0
 EXIT_FINDINGS = 1
 EXIT_ERROR = 2
@@ -32,11 +34,17 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     repro.add_argument(
         "--args", default="", metavar="'ARGS'", help="arguments for the script, e.g. '--lr 0.1'"
     )
-    repro.add_argument("--device", help="auto (default), cpu, cuda, cuda:N or mps")
-    repro.add_argument("--steps", type=int, help="optimizer steps before stopping (default 2)")
+    repro.add_argument("--device", help=f"{DEVICE_CHOICES} (default auto)")
+    repro.add_argument(
+        "--steps", type=int, help=f"optimizer steps before stopping (default {DEFAULT_STEPS})"
+    )
     repro.add_argument("--batches", type=int, help="DataLoader batches before stopping (= steps)")
-    repro.add_argument("--timeout", type=float, help="wall-clock seconds (default 60)")
-    repro.add_argument("--memory", type=int, help="memory limit in MB (default 4096)")
+    repro.add_argument(
+        "--timeout", type=float, help=f"wall-clock seconds (default {DEFAULT_TIMEOUT_S:g})"
+    )
+    repro.add_argument(
+        "--memory", type=int, help=f"memory limit in MB (default {DEFAULT_MEMORY_MB})"
+    )
     repro.add_argument("--python", help="interpreter with your torch (default: the project venv)")
     repro.add_argument("--spec", help="YAML repro spec naming setup and step functions")
     repro.add_argument(
@@ -60,7 +68,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from torchls.config import ConfigError, load_config
     from torchls.probe import ReproOptions, ReproUsageError, run_repro, untrusted
+    from torchls.probe.options import with_project
     from torchls.probe.text import render
 
     options = ReproOptions(
@@ -78,6 +88,12 @@ def run(args: argparse.Namespace) -> int:
         sandbox=args.sandbox,
         command=" ".join(["torchls", *sys.argv[1:]]) if sys.argv[1:2] == ["repro"] else None,
     )
+    try:
+        # [tool.torchls.probe] of the script's project fills what the flags leave unset.
+        options = with_project(options, load_config(args.file).probe)
+    except (ConfigError, OSError) as error:
+        print(f"torchls: error: {error}", file=sys.stderr)
+        return EXIT_ERROR
     progress = _progress if args.output_format == "text" and sys.stderr.isatty() else None
     try:
         report = run_repro(args.file, options, on_progress=progress)
@@ -96,7 +112,9 @@ def run(args: argparse.Namespace) -> int:
     if report.setup_error is not None:
         print(f"torchls: error: {untrusted.terminal(report.setup_error)}", file=sys.stderr)
         return EXIT_ERROR
-    return EXIT_FINDINGS if report.findings else EXIT_CLEAN
+    # Information (a warning Python printed, advice) never fails a CI gate.
+    serious = [f for f in report.findings if f.severity in ("error", "warning")]
+    return EXIT_FINDINGS if serious else EXIT_CLEAN
 
 
 def _progress(event: object) -> None:

@@ -176,6 +176,16 @@ def _event_text(
 ) -> str:
     op = _code(event.get("op") or "?", 200)
     counts = nonfinite_counts(event.get("summary") or {})
+    if event.get("origin") == "mask":
+        return (
+            f"**Mask** ({_when(event)}): {op} wrote {counts} here on purpose; an infinity "
+            "used as a mask is not a finding unless it reaches the loss."
+        )
+    if event.get("origin") == "masked":
+        return (
+            f"**Origin** ({_when(event)}): {op} produced {counts} here from an input masked "
+            "with an infinity (every position of a row masked?)."
+        )
     if event.get("origin") == "op":
         title = "First non-finite value of the run" if event is result.first_event else "Origin"
         return f"**{title}** ({_when(event)}): {op} produced {counts} here from finite inputs."

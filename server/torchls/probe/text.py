@@ -60,6 +60,7 @@ def _header(data: dict[str, Any], base: str) -> list[str]:
     status = data.get("status", "?")
     stopped = {
         "steps": "stopped after {n} optimizer step{s}",
+        "backwards": "stopped after {k} backward pass{kes} (no optimizer: a hand-written update)",
         "batches": "stopped after {b} batch{es}",
         "end": "ran to completion",
         "exit": "the script exited",
@@ -74,8 +75,14 @@ def _header(data: dict[str, Any], base: str) -> list[str]:
     progress = data.get("progress") or {}
     steps = progress.get("optimizer_steps") or 0
     batches = progress.get("batches") or 0
+    backwards = progress.get("backward_calls") or 0
     stopped = stopped.format(
-        n=steps, s="" if steps == 1 else "s", b=batches, es="" if batches == 1 else "es"
+        n=steps,
+        s="" if steps == 1 else "s",
+        b=batches,
+        es="" if batches == 1 else "es",
+        k=backwards,
+        kes="" if backwards == 1 else "es",
     )
     timing = data.get("timing") or {}
     wall = timing.get("server_wall_s")
