@@ -90,9 +90,18 @@ def _finite(summary: dict[str, Any]) -> str:
 
 
 def _stats(summary: dict[str, Any]) -> str:
+    """min / max / mean; where the tensor holds infinities or NaN, those are the extremes (the
+    report's figures cover the finite values only, which alone would read as a normal range)."""
     if "min" not in summary:
         return "—"
-    return " / ".join(_number(summary.get(key)) for key in ("min", "max", "mean"))
+    counts = summary.get("nonfinite")
+    counts = counts if isinstance(counts, dict) else {}
+    low = "-inf" if _int(counts.get("neginf")) else _number(summary.get("min"))
+    high = "+inf" if _int(counts.get("posinf")) else _number(summary.get("max"))
+    mean = "nan" if _int(counts.get("nan")) or (low == "-inf" and high == "+inf") else None
+    if mean is None:
+        mean = low if low == "-inf" else high if high == "+inf" else _number(summary.get("mean"))
+    return " / ".join((low, high, mean))
 
 
 def _grad(grad: Any) -> str:
@@ -119,11 +128,15 @@ def _expression(entry: dict[str, Any], line: str) -> str:
     return label
 
 
-def entry_row(entry: dict[str, Any], line: str) -> str:
+def entry_row(entry: dict[str, Any], line: str, index: int | None = None) -> str:
+    """One table row; `index` picks the output a name was unpacked from (`a, b = f(x)`)."""
     outputs = entry.get("outputs") or [{}]
-    first = outputs[0] if isinstance(outputs[0], dict) else {}
+    pick = index if index is not None and 0 <= index < len(outputs) else 0
+    first = outputs[pick] if isinstance(outputs[pick], dict) else {}
     expression = _expression(entry, line)
-    if len(outputs) > 1:
+    if index is not None and pick == index and len(outputs) > 1:
+        expression += f" [output {index}]"
+    elif len(outputs) > 1:
         expression += f" (+{len(outputs) - 1} outputs)"
     cells = [
         expression,
@@ -297,7 +310,7 @@ def value_markdown(
     parts = [
         f"**`{value.name}`**{element} · repro trace of line {current}"
         + (f" · {summary}" if summary else ""),
-        "\n".join([HEADER, RULE, *(entry_row(entry, line) for entry in entries)]),
+        "\n".join([HEADER, RULE, *(entry_row(entry, line, value.index) for entry in entries)]),
     ]
     column = _int(entries[-1].get("column"))
     parts.extend(nonfinite_section(result, trace, mapping, old_row, column))

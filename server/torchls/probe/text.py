@@ -224,6 +224,10 @@ def _findings(data: dict[str, Any], base: str) -> list[str]:
     found = data.get("findings") or []
     if not found:
         return []
+    # TL903 is already shown, with its source line, under "contract violations".
+    found = [item for item in found if item.get("code") != "TL903"]
+    if not found:
+        return []
     lines = ["", "findings:"]
     for item in found:
         where = f"{_rel(item['filename'], base)}:{item['line']}:{item['column']}"
