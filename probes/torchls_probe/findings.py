@@ -26,6 +26,7 @@ NAMES = {
     "TL905": "probe-error",
     "TL906": "probe-limit",
     "TL907": "loss-diverging",
+    "TL911": "checkpoint-not-weights-only",
 }
 # Origins that begin a non-finite value of their own: "op" (made from finite inputs) and
 # "masked" (a NaN made from a +-inf mask, e.g. a softmax over a row masked everywhere). A "mask"

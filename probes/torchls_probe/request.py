@@ -100,9 +100,9 @@ def parse_request(data: Any) -> Request:
 
 
 def _check_values(request: Request) -> None:
-    if request.mode not in ("script", "function"):
+    if request.mode not in ("script", "function", "inspect"):
         raise RequestError(
-            f"request key 'mode' must be 'script' or 'function', got {request.mode!r}"
+            f"request key 'mode' must be 'script', 'function' or 'inspect', got {request.mode!r}"
         )
     if request.mode == "function" and not request.step:
         raise RequestError("function mode needs the key 'step'")

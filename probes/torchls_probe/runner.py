@@ -10,6 +10,7 @@ CPU runs, for which that makes no difference.
 from __future__ import annotations
 
 import faulthandler
+import json
 import os
 import sys
 import time
@@ -47,6 +48,8 @@ def run(request: Request, progress: Progress, started: float | None = None) -> i
     if "torch" not in sys.modules:
         prepare_environment(request.device)
     arm_alarm(started + max(0.5, request.timeout_s - _REPORT_MARGIN))
+    if request.mode == "inspect":
+        return _inspect(request, started)
     state: dict[str, Any] = {}
     try:
         _run_traced(request, progress, outcome, state, timing, started)
@@ -63,6 +66,52 @@ def run(request: Request, progress: Progress, started: float | None = None) -> i
     timing["run_s"] = time.monotonic() - started - timing.get("import_s", 0.0)
     progress.emit("report", "writing report")
     return _write(request, outcome, state, timing, started)
+
+
+def _inspect(request: Request, started: float) -> int:
+    """`torchls inspect`: the checkpoint's record instead of a run's trace (no user code)."""
+    from torchls_probe import SCHEMA_VERSION, checkpoint
+    from torchls_probe.findings import finding
+
+    report: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "mode": "inspect",
+        "target": {"file": request.file, "root": request.root},
+        "status": "ok",
+        "findings": [],
+        "exception": None,
+        "notes": [],
+    }
+    try:
+        record = checkpoint.inspect(request.file)
+        report["inspection"] = record
+        verdict = record["weights_only"]
+        if verdict["loads"] is False:
+            blocking = ", ".join(f"{b['path']}: {b['global']}" for b in verdict["blocking"][:8])
+            message = "torch.load(weights_only=True) refuses this checkpoint" + (
+                f"; blocked by {blocking}" if blocking else f": {verdict['note']}"
+            )
+            report["findings"].append(finding("TL911", "error", Location(request.file, 1), message))
+    except checkpoint.InspectError as error:
+        report.update(status="error", exception={"kind": "input", "type": "InspectError"})
+        report["exception"]["message"] = str(error)
+    except BaseException as error:  # a limit, or a bug here: still a report, never a traceback
+        disarm_alarm()
+        report.update(status="error", exception={"kind": "input", "type": type(error).__name__})
+        report["exception"]["message"] = f"the file could not be inspected: {error}"[:500]
+    finally:
+        disarm_alarm()
+    report["timing"] = {"total_s": time.monotonic() - started}
+    text = json.dumps(report, allow_nan=False, default=str)
+    if request.out is None:
+        sys.__stdout__.write(text + "\n")
+        return 0
+    try:
+        with open(request.out, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    except OSError:
+        return 3
+    return 0
 
 
 def _run_traced(

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from torchls import __version__, output, repro_cli
+from torchls import __version__, inspect_cli, output, repro_cli
 from torchls.analysis import Rule, Workspace, all_rules, get_rule
 from torchls.checker import (
     CheckOptions,
@@ -71,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_check(commands)
     _add_rule(commands)
     repro_cli.add_parser(commands)
+    inspect_cli.add_parser(commands)
     server = commands.add_parser("server", help="run the language server on stdio")
     # vscode-languageclient appends --stdio for the stdio transport; stdio is all we speak.
     server.add_argument("--stdio", action="store_true", help=argparse.SUPPRESS)

@@ -65,11 +65,13 @@ def run_cold(
     prepared: Prepared,
     on_progress: ProgressCallback | None,
     cancel_event: threading.Event | None,
+    mode: str | None = None,
 ) -> ReproReport:
+    """One cold run; `mode` "inspect" reads the file as a checkpoint instead of running it."""
     started = time.monotonic()
     folder = RunFolder.create(prepared.probe_package, cold=True)
     try:
-        report = _run_in(prepared, folder, started, on_progress, cancel_event)
+        report = _run_in(prepared, folder, started, on_progress, cancel_event, mode)
     finally:
         folder.remove()
     report.data["timing"]["server_wall_s"] = round(time.monotonic() - started, 4)
@@ -83,12 +85,15 @@ def _run_in(
     started: float,
     on_progress: ProgressCallback | None,
     cancel_event: threading.Event | None,
+    mode: str | None = None,
 ) -> ReproReport:
     r = prepared.resolved
     limits = limits_for(
         r.memory_mb, r.timeout_s, r.options.file_size_mb, r.options.max_processes, r.device
     )
     request = prepared.request(folder.report, folder.output)
+    if mode is not None:
+        request["mode"] = mode
     folder.seal(request)
     launch = plan(
         python=prepared.python,
