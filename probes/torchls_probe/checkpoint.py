@@ -20,6 +20,7 @@ Imports only the standard library, and torch only for that verdict.
 
 from __future__ import annotations
 
+import collections
 import io
 import json
 import os
@@ -565,3 +566,80 @@ def _looks_unsafe(name: str) -> bool:
 
 
 _TORCH_DTYPES = {"float32", "float64", "float16", "bfloat16", "int64", "int32", "uint8", "bool"}
+
+
+# --- --rewrite-plain ------------------------------------------------------------------------------
+
+
+def _plain_copy(value: Any, path: str, changed: list[str], depth: int = 0) -> Any:
+    """`value` with configs and simple objects turned into dicts; tensors are kept as they are
+    (the same objects, so the copy holds no duplicate data)."""
+    import argparse
+    import dataclasses
+
+    import torch
+
+    if depth > 60 or isinstance(value, torch.Tensor | bool | int | float | str | bytes):
+        return value
+    if value is None or isinstance(value, torch.dtype | torch.device | torch.Size):
+        return value
+    if isinstance(value, dict):
+        copy = type(value)() if type(value) in (dict, collections.OrderedDict) else {}
+        for key, item in value.items():
+            copy[key] = _plain_copy(item, f"{path}[{key!r}]", changed, depth + 1)
+        return copy
+    if isinstance(value, list | tuple):
+        items = [_plain_copy(v, f"{path}[{i}]", changed, depth + 1) for i, v in enumerate(value)]
+        return items if isinstance(value, list) else tuple(items)
+    if isinstance(value, torch.nn.Module):
+        changed.append(f"{path}: {type(value).__name__} module -> its state_dict()")
+        return value.state_dict()
+    if isinstance(value, argparse.Namespace):
+        changed.append(f"{path}: argparse.Namespace -> dict (vars)")
+        return _plain_copy(dict(vars(value)), path, [], depth + 1)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changed.append(f"{path}: {type(value).__name__} dataclass -> dict of its fields")
+        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        return _plain_copy(fields, path, [], depth + 1)
+    if hasattr(value, "__dict__") and not callable(value):
+        changed.append(f"{path}: {type(value).__name__} -> dict of its attributes")
+        return _plain_copy(dict(vars(value)), path, [], depth + 1)
+    return value
+
+
+def _tensors(value: Any, path: str, found: dict[str, Any], depth: int = 0) -> None:
+    import torch
+
+    if depth > 60:
+        return
+    if isinstance(value, torch.Tensor):
+        found[path] = value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _tensors(item, f"{path}[{key!r}]", found, depth + 1)
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            _tensors(item, f"{path}[{index}]", found, depth + 1)
+
+
+def rewrite_plain(path: str, out: str) -> dict[str, Any]:
+    """Load `path` fully (the user said they trust it), save a plain-data copy to `out`, and
+    check that the copy loads with `weights_only=True` and holds equal tensors."""
+    import torch
+
+    original = torch.load(path, weights_only=False, map_location="cpu")
+    changed: list[str] = []
+    plain = _plain_copy(original, "ckpt", changed)
+    torch.save(plain, out)
+    try:
+        again = torch.load(out, weights_only=True, map_location="cpu")
+    except Exception as error:
+        return {"verified": False, "changed": changed, "problem": f"still refused: {error}"[:500]}
+    before: dict[str, Any] = {}
+    after: dict[str, Any] = {}
+    _tensors(plain, "ckpt", before)
+    _tensors(again, "ckpt", after)
+    same = before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    if not same:
+        return {"verified": False, "changed": changed, "problem": "tensors differ after reload"}
+    return {"verified": True, "changed": changed, "tensors": len(after)}

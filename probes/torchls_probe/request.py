@@ -42,6 +42,7 @@ class Request:
     max_events: int = 20
     out: str | None = None
     output_file: str | None = None
+    rewrite: str | None = None  # inspect mode: where to write the plain-data copy
     command: str = ""
 
     @property
@@ -74,6 +75,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "max_events": (int,),
     "out": (str, type(None)),
     "output_file": (str, type(None)),
+    "rewrite": (str, type(None)),
     "command": (str,),
 }
 

@@ -85,6 +85,12 @@ def _inspect(request: Request, started: float) -> int:
     try:
         record = checkpoint.inspect(request.file)
         report["inspection"] = record
+        if request.rewrite and record["weights_only"]["loads"] is False:
+            try:
+                record["rewritten"] = checkpoint.rewrite_plain(request.file, request.rewrite)
+            except Exception as error:  # the user's own classes may be missing here
+                problem = f"{type(error).__name__}: {error}"[:500]
+                record["rewritten"] = {"verified": False, "changed": [], "problem": problem}
         verdict = record["weights_only"]
         if verdict["loads"] is False:
             blocking = ", ".join(f"{b['path']}: {b['global']}" for b in verdict["blocking"][:8])

@@ -2,9 +2,10 @@
 what blocks it, and what is missing to resume training.
 
 In: the parsed `inspect` arguments. Out: a text or JSON report on stdout and an exit status:
-0 it loads with `weights_only=True`, 1 it does not (a TL911 finding, with the globals that block
-it and where they sit), 2 bad input (no such file, a folder, a FIFO or device, not a checkpoint,
-a truncated or corrupted file) with a one-line message and never a traceback.
+0 it loads with `weights_only=True` (or `--rewrite-plain` wrote a verified copy that does), 1 it
+does not (a TL911 finding, with the globals that block it and where they sit), 2 bad input (no
+such file, a folder, a FIFO or device, not a checkpoint, a truncated or corrupted file) with a
+one-line message and never a traceback.
 
 The file is untrusted: it is never unpickled here. The probe reads it in the sandbox with the
 user's torch (`torchls_probe.checkpoint`: every global a stand-in, no storage read), so a
@@ -18,6 +19,7 @@ import json
 import os
 import stat
 import sys
+from pathlib import Path
 from typing import Any
 
 from torchls.config import DEFAULT_MEMORY_MB
@@ -42,6 +44,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     inspect.add_argument("--python", help="interpreter with your torch (default: the project venv)")
     inspect.add_argument("--output-format", choices=("text", "json"), default="text")
+    inspect.add_argument(
+        "--rewrite-plain",
+        metavar="OUT",
+        help="for a file you trust: load it fully (in the sandbox), turn Namespace, dataclass "
+        "and simple objects into dicts, save the copy to OUT and check it loads with "
+        "weights_only=True",
+    )
     inspect.add_argument(
         "--sandbox", choices=("auto", "bwrap", "none"), default="auto", help="as for repro"
     )
@@ -80,6 +89,16 @@ def run(args: argparse.Namespace) -> int:
     if problem is not None:
         return _refuse(problem)
     path = os.path.abspath(args.checkpoint)
+    rewrite_to = None
+    if args.rewrite_plain:
+        rewrite_to = Path(args.rewrite_plain).absolute()
+        if os.path.lexists(rewrite_to):
+            return _refuse(f"{args.rewrite_plain} exists: remove it or choose another name")
+        if not rewrite_to.parent.is_dir():
+            return _refuse(f"{rewrite_to.parent} is not a folder")
+    # The copy is written inside the sandbox under its file-size limit: room for the file.
+    size_mb = os.path.getsize(path) >> 20
+    file_size_mb = max(256, 2 * size_mb + 64) if rewrite_to is not None else 256
     options = ReproOptions(
         python=args.python,
         root=os.path.dirname(path),
@@ -87,9 +106,10 @@ def run(args: argparse.Namespace) -> int:
         memory_mb=DEFAULT_MEMORY_MB,
         sandbox=args.sandbox,
         device="cpu",
+        file_size_mb=file_size_mb,
     )
     try:
-        report = run_cold(prepare(path, options), None, None, mode="inspect")
+        report = run_cold(prepare(path, options), None, None, "inspect", rewrite_to)
     except ReproUsageError as error:
         return _refuse(str(error))
     data = report.data
@@ -104,6 +124,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(out, indent=2, default=str) + "\n")
     else:
         sys.stdout.write(untrusted.terminal(render(path, record, args.checkpoint)))
+    rewritten = record.get("rewritten")
+    if isinstance(rewritten, dict):
+        return EXIT_LOADS if rewritten.get("verified") and rewritten.get("path") else EXIT_BLOCKED
     return EXIT_LOADS if record["weights_only"].get("loads") is not False else EXIT_BLOCKED
 
 
@@ -167,6 +190,17 @@ def render(path: str, record: dict[str, Any], shown: str) -> str:
         lines.append(f"  {key}: {value}")
     for missing in record.get("missing") or []:
         lines.append(f"missing: {missing}")
+    rewritten = record.get("rewritten")
+    if isinstance(rewritten, dict):
+        if rewritten.get("verified") and rewritten.get("path"):
+            lines.append(
+                f"rewritten: {rewritten['path']} loads with weights_only=True "
+                f"({rewritten.get('tensors')} tensors, all equal to the original)"
+            )
+        else:
+            lines.append(f"rewrite failed: {rewritten.get('problem')}")
+        for change in rewritten.get("changed") or []:
+            lines.append(f"  {change}")
     # Tensors, objects and the first two levels; the rest (optimizer internals) is in the JSON.
     tree = [
         node

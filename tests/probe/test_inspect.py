@@ -167,3 +167,21 @@ def test_what_is_not_a_checkpoint_is_refused_without_reading_it(tmp_path: Path) 
         done = inspect(target)
         assert done.returncode == 2, (target, done.stdout, done.stderr)
         assert words in done.stderr and "Traceback" not in done.stderr
+
+
+def test_rewrite_plain_writes_a_copy_that_loads_weights_only(tmp_path: Path) -> None:
+    path = tmp_path / "with_config.pt"
+    state = training_state()
+    state["args"] = argparse.Namespace(lr=0.1, warmup=10)
+    state["cfg"] = {"nested": argparse.Namespace(depth=2)}
+    torch.save(state, path)
+    out = tmp_path / "plain.pt"
+    done = inspect(path, "--rewrite-plain", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "rewritten:" in done.stdout and "all equal" in done.stdout
+    again = torch.load(out, weights_only=True)
+    assert again["args"] == {"lr": 0.1, "warmup": 10} and again["cfg"] == {"nested": {"depth": 2}}
+    for key, tensor in state["model"].items():
+        assert torch.equal(again["model"][key], tensor)
+    refused = inspect(path, "--rewrite-plain", str(out))  # never over an existing file
+    assert refused.returncode == 2 and "exists" in refused.stderr

@@ -9,6 +9,7 @@ back without trusting it (no link followed, no FIFO opened, bounded sizes).
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -23,7 +24,7 @@ from torchls.probe.prepare import Prepared, prepare
 from torchls.probe.process import Ended, supervise
 from torchls.probe.report import ReproReport, load_probe_report, synthesize
 from torchls.probe.sandbox import Layer, limits_for, plan
-from torchls.probe.scratch import RunFolder, Unreadable, read_head_tail
+from torchls.probe.scratch import RunFolder, Unreadable, open_regular, read_head_tail
 
 # Beyond the probe's own alarm: time to write a partial report before the hard kill.
 KILL_GRACE_S = 3.0
@@ -66,12 +67,15 @@ def run_cold(
     on_progress: ProgressCallback | None,
     cancel_event: threading.Event | None,
     mode: str | None = None,
+    rewrite_to: Path | None = None,
 ) -> ReproReport:
-    """One cold run; `mode` "inspect" reads the file as a checkpoint instead of running it."""
+    """One cold run; `mode` "inspect" reads the file as a checkpoint instead of running it,
+    and with `rewrite_to` also writes its plain-data copy there (`torchls inspect
+    --rewrite-plain`)."""
     started = time.monotonic()
     folder = RunFolder.create(prepared.probe_package, cold=True)
     try:
-        report = _run_in(prepared, folder, started, on_progress, cancel_event, mode)
+        report = _run_in(prepared, folder, started, on_progress, cancel_event, mode, rewrite_to)
     finally:
         folder.remove()
     report.data["timing"]["server_wall_s"] = round(time.monotonic() - started, 4)
@@ -86,14 +90,21 @@ def _run_in(
     on_progress: ProgressCallback | None,
     cancel_event: threading.Event | None,
     mode: str | None = None,
+    rewrite_to: Path | None = None,
 ) -> ReproReport:
     r = prepared.resolved
     limits = limits_for(
         r.memory_mb, r.timeout_s, r.options.file_size_mb, r.options.max_processes, r.device
     )
     request = prepared.request(folder.report, folder.output)
+    outputs: tuple[Path, ...] = (folder.report, folder.output)
     if mode is not None:
         request["mode"] = mode
+    if rewrite_to is not None:
+        # One more file the run may write, bound like the report: the rewritten checkpoint.
+        os.close(os.open(folder.rewrite, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        request["rewrite"] = str(folder.rewrite)
+        outputs += (folder.rewrite,)
     folder.seal(request)
     launch = plan(
         python=prepared.python,
@@ -104,7 +115,7 @@ def _run_in(
         limits=limits,
         mode=r.options.sandbox,
         extra_env=r.options.pass_env,
-        outputs=(folder.report, folder.output),
+        outputs=outputs,
     )
     try:
         argv = [
@@ -136,9 +147,35 @@ def _run_in(
             ended = replace(ended, returncode=128 - ended.returncode)
         layers = [*launch.layers, wall_clock_layer(r.timeout_s)]
         left = collect(folder)
-        return finish(prepared, request, left, ended, layers, launch.warnings, "cold")
+        report = finish(prepared, request, left, ended, layers, launch.warnings, "cold")
+        if rewrite_to is not None:
+            _copy_rewritten(report, folder.rewrite, rewrite_to)
+        return report
     finally:
         launch.close()
+
+
+def _copy_rewritten(report: ReproReport, written: Path, target: Path) -> None:
+    """Copy the run's rewritten checkpoint out, if the run says it verified it; the file lies
+    where the run could write, so it is opened like any run file (no link, regular only)."""
+    rewritten = (report.data.get("inspection") or {}).get("rewritten")
+    if not isinstance(rewritten, dict) or rewritten.get("verified") is not True:
+        return
+    try:
+        source = open_regular(written)
+    except OSError as error:
+        rewritten.update(verified=False, problem=f"the rewritten file is unusable: {error}")
+        return
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL  # never over an existing file
+        with os.fdopen(os.open(target, flags, 0o644), "wb") as out:
+            while chunk := os.read(source, 1 << 20):
+                out.write(chunk)
+        rewritten["path"] = str(target)
+    except OSError as error:
+        rewritten.update(verified=False, problem=f"{target} could not be written: {error}")
+    finally:
+        os.close(source)
 
 
 @dataclass(frozen=True)

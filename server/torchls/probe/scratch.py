@@ -84,6 +84,11 @@ class RunFolder:
         return self.root / "out" / "output.txt"
 
     @property
+    def rewrite(self) -> Path:
+        """`torchls inspect --rewrite-plain`: the copy the run writes (created only then)."""
+        return self.root / "out" / "rewrite.pt"
+
+    @property
     def request_file(self) -> Path:
         return self.probe / "request.json"
 
