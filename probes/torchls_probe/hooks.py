@@ -52,6 +52,12 @@ class Hooks:
         self.optimizers_made = 0
         self.divergence = Divergence()
         self.got_grad: set[int] = set()  # parameters a complete backward reached
+        # --compare: keep (baseline) or restore (candidate) each root model's first weights.
+        self.initial_save: str | None = None
+        self.initial_load: str | None = None
+        self._initial: list[dict[str, torch.Tensor]] = []
+        self._loaded: list[dict[str, torch.Tensor]] | None = None
+        self.initial_matched = {"models": 0, "tensors": 0, "matched": 0}
 
     def install(self) -> Callable[[], None]:
         handles = [
@@ -116,8 +122,38 @@ class Hooks:
             for name, sub in module.named_modules():
                 trace.module_names.setdefault(id(sub), f"{root}.{name}" if name else root)
         if self.roots.add_model(module, where):
+            self._same_start(module)
             self._check_parameters(module, where)
         self._note_autocast()
+
+    def _same_start(self, module: torch.nn.Module) -> None:
+        """Both sides of a comparison start from the same weights: the baseline writes each
+        root model's state at its first call, the candidate copies every tensor that matches
+        by name and shape into its own model (in place: optimizers keep their parameters)."""
+        if self.initial_save is not None:
+            self._initial.append({k: v.detach().clone() for k, v in module.state_dict().items()})
+            torch.save(self._initial, self.initial_save)
+            return
+        if self.initial_load is None:
+            return
+        if self._loaded is None:
+            try:
+                self._loaded = torch.load(self.initial_load, weights_only=True)
+            except Exception:
+                self._loaded = []
+        index = self.initial_matched["models"]
+        self.initial_matched["models"] += 1
+        if index >= len(self._loaded):
+            return
+        saved = self._loaded[index]
+        with torch.no_grad():
+            for name, tensor in module.state_dict().items():
+                self.initial_matched["tensors"] += 1
+                other = saved.get(name)
+                fits = other is not None and other.shape == tensor.shape
+                if fits and other.dtype == tensor.dtype:
+                    tensor.copy_(other)
+                    self.initial_matched["matched"] += 1
 
     def _check_parameters(self, module: torch.nn.Module, where: Any) -> None:
         """A model that already holds NaN/Inf (a bad checkpoint) is an `input` problem."""
@@ -214,7 +250,10 @@ class Hooks:
                 for group in optimizer.param_groups
                 for p in group["params"]
             )
-            self.divergence.before_step(optimizer, trace.steps)
+            names = {}
+            if not self.divergence.layers:
+                names = {id(p): n for n, p, _ in self.roots.named_parameters()}
+            self.divergence.before_step(optimizer, trace.steps, names)
         finally:
             trace.busy = False
         trace.in_step = True
@@ -303,6 +342,9 @@ class Divergence:
     grad_norms: list[tuple[int, float]] = field(default_factory=list)  # step, norm
     updates: list[tuple[int, float, float]] = field(default_factory=list)  # step, ratio, lr
     made_at: dict[int, Any] = field(default_factory=dict)  # id(optimizer) -> construction line
+    # The first step's gradient and update norm per named parameter (for --compare).
+    layers: dict[str, dict[str, float]] = field(default_factory=dict)
+    _names: dict[int, str] = field(default_factory=dict)
     _before: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     _step: int = 0
     _optimizer: int = 0
@@ -312,15 +354,18 @@ class Divergence:
             self.made_at.setdefault(id(optimizer), where)
 
     def loss(self, value: float, where: Any, step: int) -> None:
-        if len(self.losses) < 64 and math.isfinite(value):
+        if len(self.losses) < 64:  # non-finite ones too: a comparison shows where they were
             self.losses.append((value, where, step))
 
     def _params(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
         groups = optimizer.param_groups
         return [p for group in groups for p in group["params"] if p.grad is not None]
 
-    def before_step(self, optimizer: torch.optim.Optimizer, step: int) -> None:
+    def before_step(
+        self, optimizer: torch.optim.Optimizer, step: int, names: dict[int, str] | None = None
+    ) -> None:
         self._before = []
+        self._names = names or {}
         if len(self.grad_norms) >= 64:
             return
         params = self._params(optimizer)
@@ -338,8 +383,14 @@ class Divergence:
         if not self._before or self._optimizer != id(optimizer):
             return
         with torch.no_grad():
-            delta = sum(float((p.detach() - old).float().norm()) ** 2 for p, old in self._before)
+            deltas = [float((p.detach() - old).float().norm()) for p, old in self._before]
+            delta = sum(d**2 for d in deltas)
             weight = sum(float(old.float().norm()) ** 2 for _, old in self._before)
+            for (p, _), moved in zip(self._before, deltas, strict=True):
+                name = self._names.get(id(p))
+                if name is not None and len(self.layers) < 500 and p.grad is not None:
+                    grad = float(p.grad.detach().float().norm())
+                    self.layers[name] = {"grad_norm": grad, "update_norm": moved}
         self._before = []
         if weight > 0 and math.isfinite(delta):
             lr = optimizer.param_groups[0].get("lr") if optimizer.param_groups else None
@@ -371,9 +422,10 @@ class Divergence:
                     where,
                     None,
                 )
-        if len(self.losses) >= 2:
-            first_value, first_where, _ = self.losses[0]
-            value, where, step = max(self.losses[1:], key=lambda item: abs(item[0]))
+        finite = [item for item in self.losses if math.isfinite(item[0])]
+        if len(finite) >= 2:
+            first_value, first_where, _ = finite[0]
+            value, where, step = max(finite[1:], key=lambda item: abs(item[0]))
             if abs(first_value) > 0 and abs(value) / abs(first_value) > LOSS_GROWTH:
                 target = next(iter(self.made_at.values()), None) or where or first_where
                 return (
@@ -384,9 +436,26 @@ class Divergence:
                 )
         return None
 
+    def to_json(self) -> dict[str, Any]:
+        """Per-step figures for the report (finite values only; JSON stays strict)."""
+
+        def clean(value: float) -> float | None:
+            return float(f"{value:.6g}") if math.isfinite(value) else None
+
+        return {
+            "loss": [{"step": step, "value": clean(v)} for v, _, step in self.losses],
+            "grad_norm": [{"step": step, "value": clean(v)} for step, v in self.grad_norms],
+            "update_ratio": [{"step": step, "value": clean(r)} for step, r, _ in self.updates],
+            "layers": {
+                name: {key: clean(value) for key, value in figures.items()}
+                for name, figures in self.layers.items()
+            },
+        }
+
     def _loss_trend(self) -> str:
-        if len(self.losses) >= 2:
-            return f"; loss {self.losses[0][0]:.4g} -> {self.losses[-1][0]:.4g}"
+        finite = [value for value, _, _ in self.losses if math.isfinite(value)]
+        if len(finite) >= 2:
+            return f"; loss {finite[0]:.4g} -> {finite[-1]:.4g}"
         return ""
 
 

@@ -43,6 +43,8 @@ class Request:
     out: str | None = None
     output_file: str | None = None
     rewrite: str | None = None  # inspect mode: where to write the plain-data copy
+    initial_save: str | None = None  # --compare baseline: the models' weights at first call
+    initial_load: str | None = None  # --compare candidate: start from the baseline's weights
     command: str = ""
 
     @property
@@ -76,6 +78,8 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "out": (str, type(None)),
     "output_file": (str, type(None)),
     "rewrite": (str, type(None)),
+    "initial_save": (str, type(None)),
+    "initial_load": (str, type(None)),
     "command": (str,),
 }
 

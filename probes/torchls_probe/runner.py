@@ -160,6 +160,7 @@ def _run_traced(
     trace = Trace(user, request.max_lines, request.max_entries_per_line, request.max_events)
     roots = Roots(user)
     hooks = Hooks(trace, roots, request.steps, request.batch_cap, progress)
+    hooks.initial_save, hooks.initial_load = request.initial_save, request.initial_load
     state.update(trace=trace, roots=roots, hooks=hooks, user=user)
     tracer = Tracer(trace, request.max_outputs)
     if request.root:
@@ -365,6 +366,10 @@ def _write(
         autocast=sorted(hooks.autocast) if hooks is not None else [],
         timing=timing,
     )
+    if hooks is not None:
+        report["training"] = hooks.divergence.to_json()
+        if request.initial_load is not None:
+            report["training"]["same_start"] = dict(hooks.initial_matched)
     text = dumps(report, request.report_cap_bytes)
     if request.out is None:
         sys.__stdout__.write(text + "\n")

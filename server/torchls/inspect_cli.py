@@ -83,7 +83,7 @@ def check_input(path: str) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from torchls.probe import ReproOptions, ReproUsageError, untrusted
     from torchls.probe.prepare import prepare
-    from torchls.probe.runner import run_cold
+    from torchls.probe.runner import Extras, run_cold
 
     problem = check_input(args.checkpoint)
     if problem is not None:
@@ -109,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
         file_size_mb=file_size_mb,
     )
     try:
-        report = run_cold(prepare(path, options), None, None, "inspect", rewrite_to)
+        extras = Extras(mode="inspect", rewrite_to=rewrite_to)
+        report = run_cold(prepare(path, options), None, None, extras)
     except ReproUsageError as error:
         return _refuse(str(error))
     data = report.data

@@ -64,6 +64,16 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="auto: bubblewrap when it works here; bwrap: require it; none: limits only",
     )
     repro.add_argument("--output-format", choices=("text", "json"), default="text")
+    repro.add_argument(
+        "--compare",
+        metavar="BASELINE",
+        help="compare with BASELINE (a git revision of the project, e.g. HEAD, or another "
+        "file) on the same bounded run: exit 0 when this version removes the baseline's "
+        "warning/error findings and adds none",
+    )
+    repro.add_argument(
+        "--repeat", type=int, default=1, metavar="K", help="with --compare: K seeds per side"
+    )
     repro.set_defaults(handler=run)
 
 
@@ -94,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, OSError) as error:
         print(f"torchls: error: {error}", file=sys.stderr)
         return EXIT_ERROR
+    if args.compare:
+        return _compare(args, options)
     progress = _progress if args.output_format == "text" and sys.stderr.isatty() else None
     try:
         report = run_repro(args.file, options, on_progress=progress)
@@ -115,6 +127,25 @@ def run(args: argparse.Namespace) -> int:
     # Information (a warning Python printed, advice) never fails a CI gate.
     serious = [f for f in report.findings if f.severity in ("error", "warning")]
     return EXIT_FINDINGS if serious else EXIT_CLEAN
+
+
+def _compare(args: argparse.Namespace, options: object) -> int:
+    import json
+    from pathlib import Path
+
+    from torchls import compare
+    from torchls.probe import ReproUsageError, untrusted
+
+    try:
+        result = compare.run_compare(Path(args.file), args.compare, options, args.repeat)
+    except ReproUsageError as error:
+        print(f"torchls: error: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    if args.output_format == "json":
+        sys.stdout.write(json.dumps(result, indent=2, default=str) + "\n")
+    else:
+        sys.stdout.write(untrusted.terminal(compare.render(result)))
+    return int(result["exit_status"])
 
 
 def _progress(event: object) -> None:

@@ -10,6 +10,7 @@ back without trusting it (no link followed, no FIFO opened, bounded sizes).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import threading
 import time
@@ -66,16 +67,13 @@ def run_cold(
     prepared: Prepared,
     on_progress: ProgressCallback | None,
     cancel_event: threading.Event | None,
-    mode: str | None = None,
-    rewrite_to: Path | None = None,
+    extras: Extras | None = None,
 ) -> ReproReport:
-    """One cold run; `mode` "inspect" reads the file as a checkpoint instead of running it,
-    and with `rewrite_to` also writes its plain-data copy there (`torchls inspect
-    --rewrite-plain`)."""
+    """One cold run (with `extras`: an inspection, or one side of a comparison)."""
     started = time.monotonic()
     folder = RunFolder.create(prepared.probe_package, cold=True)
     try:
-        report = _run_in(prepared, folder, started, on_progress, cancel_event, mode, rewrite_to)
+        report = _run_in(prepared, folder, started, on_progress, cancel_event, extras)
     finally:
         folder.remove()
     report.data["timing"]["server_wall_s"] = round(time.monotonic() - started, 4)
@@ -89,22 +87,31 @@ def _run_in(
     started: float,
     on_progress: ProgressCallback | None,
     cancel_event: threading.Event | None,
-    mode: str | None = None,
-    rewrite_to: Path | None = None,
+    extras: Extras | None = None,
 ) -> ReproReport:
     r = prepared.resolved
+    extras = extras or Extras()
     limits = limits_for(
         r.memory_mb, r.timeout_s, r.options.file_size_mb, r.options.max_processes, r.device
     )
     request = prepared.request(folder.report, folder.output)
     outputs: tuple[Path, ...] = (folder.report, folder.output)
-    if mode is not None:
-        request["mode"] = mode
-    if rewrite_to is not None:
-        # One more file the run may write, bound like the report: the rewritten checkpoint.
+    if extras.mode is not None:
+        request["mode"] = extras.mode
+    if extras.rewrite_to is not None or extras.save_initial_to is not None:
+        # One more file the run may write, bound like the report: the rewritten checkpoint,
+        # or the models' initial weights for the other side of a comparison.
         os.close(os.open(folder.rewrite, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        request["rewrite"] = str(folder.rewrite)
+        key = "rewrite" if extras.rewrite_to is not None else "initial_save"
+        request[key] = str(folder.rewrite)
         outputs += (folder.rewrite,)
+    if extras.load_initial_from is not None:
+        # Read by the run from the probe's read-only folder, like its request.
+        staged = folder.probe / "initial.pt"
+        shutil.copyfile(extras.load_initial_from, staged)
+        request["initial_load"] = str(staged)
+    if extras.seed is not None:
+        request["seed"] = extras.seed
     folder.seal(request)
     launch = plan(
         python=prepared.python,
@@ -148,11 +155,44 @@ def _run_in(
         layers = [*launch.layers, wall_clock_layer(r.timeout_s)]
         left = collect(folder)
         report = finish(prepared, request, left, ended, layers, launch.warnings, "cold")
-        if rewrite_to is not None:
-            _copy_rewritten(report, folder.rewrite, rewrite_to)
+        if extras.rewrite_to is not None:
+            _copy_rewritten(report, folder.rewrite, extras.rewrite_to)
+        if extras.save_initial_to is not None:
+            _copy_out(folder.rewrite, extras.save_initial_to)
         return report
     finally:
         launch.close()
+
+
+@dataclass(frozen=True)
+class Extras:
+    """What a cold run does beyond a plain repro: `mode` "inspect" reads the file as a
+    checkpoint (`rewrite_to`: and writes its plain-data copy there); `save_initial_to` keeps the
+    models' weights at their first call, `load_initial_from` starts them from such a file (the
+    two sides of `--compare`); `seed` replaces the options' seed (`--repeat`)."""
+
+    mode: str | None = None
+    rewrite_to: Path | None = None
+    save_initial_to: Path | None = None
+    load_initial_from: Path | None = None
+    seed: int | None = None
+
+
+def _copy_out(written: Path, target: Path) -> bool:
+    """Copy a file the run wrote (opened as untrusted: no link, regular only) to `target`."""
+    try:
+        source = open_regular(written)
+    except OSError:
+        return False
+    try:
+        with open(target, "wb") as out:
+            while chunk := os.read(source, 1 << 20):
+                out.write(chunk)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(source)
 
 
 def _copy_rewritten(report: ReproReport, written: Path, target: Path) -> None:
