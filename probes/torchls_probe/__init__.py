@@ -9,4 +9,4 @@ can train the user's model, and it never imports torchls.
 __version__ = "0.1.0"
 
 # Bumped whenever a report field changes meaning or disappears (docs/probe-report.md).
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2

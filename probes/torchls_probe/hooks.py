@@ -51,6 +51,7 @@ class Hooks:
         self._grads_finite = True
         self.optimizers_made = 0
         self.divergence = Divergence()
+        self.activations = Activations()
         self.got_grad: set[int] = set()  # parameters a complete backward reached
         # --compare: keep (baseline) or restore (candidate) each root model's first weights.
         self.initial_save: str | None = None
@@ -184,6 +185,13 @@ class Hooks:
         elif any(m is module for m in stack):
             while stack and stack.pop() is not module:
                 pass
+        name = trace.module_names.get(id(module))
+        if name is not None:
+            trace.busy = True
+            try:
+                self.activations.add(name, type(module).__name__, output, trace.steps)
+            finally:
+                trace.busy = False
         forward = getattr(type(module), "forward", None)
         code = getattr(forward, "__code__", None)
         if code is None or trace.user.filename(code) is None:
@@ -250,9 +258,7 @@ class Hooks:
                 for group in optimizer.param_groups
                 for p in group["params"]
             )
-            names = {}
-            if not self.divergence.layers:
-                names = {id(p): n for n, p, _ in self.roots.named_parameters()}
+            names = {id(p): n for n, p, _ in self.roots.named_parameters()}
             self.divergence.before_step(optimizer, trace.steps, names)
         finally:
             trace.busy = False
@@ -344,6 +350,9 @@ class Divergence:
     made_at: dict[int, Any] = field(default_factory=dict)  # id(optimizer) -> construction line
     # The first step's gradient and update norm per named parameter (for --compare).
     layers: dict[str, dict[str, float]] = field(default_factory=dict)
+    # Every step's figures per named parameter, in model order (the gradient-flow chart).
+    per_step: list[dict[str, Any]] = field(default_factory=list)
+    _first_step: int = -1
     _names: dict[int, str] = field(default_factory=dict)
     _before: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     _step: int = 0
@@ -386,11 +395,22 @@ class Divergence:
             deltas = [float((p.detach() - old).float().norm()) for p, old in self._before]
             delta = sum(d**2 for d in deltas)
             weight = sum(float(old.float().norm()) ** 2 for _, old in self._before)
-            for (p, _), moved in zip(self._before, deltas, strict=True):
+            for (p, old), moved in zip(self._before, deltas, strict=True):
                 name = self._names.get(id(p))
-                if name is not None and len(self.layers) < 500 and p.grad is not None:
-                    grad = float(p.grad.detach().float().norm())
-                    self.layers[name] = {"grad_norm": grad, "update_norm": moved}
+                if name is None or p.grad is None or len(self.per_step) >= 2000:
+                    continue
+                grad = p.grad.detach().float()
+                figures = {
+                    "grad_norm": float(grad.norm()),
+                    "grad_max": float(grad.abs().max()) if grad.numel() else 0.0,
+                    "update_norm": moved,
+                    "weight_norm": float(old.float().norm()),
+                }
+                if not self.layers or self._step == self._first_step:
+                    self._first_step = self._step
+                    first = {k: figures[k] for k in ("grad_norm", "update_norm")}
+                    self.layers.setdefault(name, first)
+                self.per_step.append({"step": self._step, "name": name, **figures})
         self._before = []
         if weight > 0 and math.isfinite(delta):
             lr = optimizer.param_groups[0].get("lr") if optimizer.param_groups else None
@@ -450,6 +470,10 @@ class Divergence:
                 name: {key: clean(value) for key, value in figures.items()}
                 for name, figures in self.layers.items()
             },
+            "parameters": [
+                {k: clean(v) if isinstance(v, float) else v for k, v in item.items()}
+                for item in self.per_step
+            ],
         }
 
     def _loss_trend(self) -> str:
@@ -457,6 +481,49 @@ class Divergence:
         if len(finite) >= 2:
             return f"; loss {finite[0]:.4g} -> {finite[-1]:.4g}"
         return ""
+
+
+@dataclass
+class Activations:
+    """Per module (named in model order) and step: the first output's mean, std, fraction of
+    exact zeros (a dead ReLU block outputs only zeros) and fraction non-finite."""
+
+    items: list[dict[str, Any]] = field(default_factory=list)
+    _seen: set[tuple[str, int]] = field(default_factory=set)
+    limit: int = 2000
+
+    def add(self, name: str, kind: str, output: Any, step: int) -> None:
+        key = (name, step)
+        if key in self._seen or len(self.items) >= self.limit:
+            return
+        tensor = next(iter(tensors_in(output, 1)), None)
+        if tensor is None or not tensor.is_floating_point() or tensor.numel() == 0:
+            return
+        self._seen.add(key)
+        with torch.no_grad():
+            t = tensor.detach().float()
+            finite = torch.isfinite(t)
+            count = t.numel()
+            good = t[finite]
+            self.items.append(
+                {
+                    "step": step,
+                    "module": name,
+                    "kind": kind,
+                    "mean": float(good.mean()) if good.numel() else None,
+                    "std": float(good.std()) if good.numel() > 1 else 0.0,
+                    "zeros": float((t == 0).sum()) / count,
+                    "nonfinite": float(count - finite.sum()) / count,
+                }
+            )
+
+    def to_json(self) -> list[dict[str, Any]]:
+        def clean(value: Any) -> Any:
+            if isinstance(value, float):
+                return float(f"{value:.6g}") if math.isfinite(value) else None
+            return value
+
+        return [{k: clean(v) for k, v in item.items()} for item in self.items]
 
 
 class _CountingIterator:

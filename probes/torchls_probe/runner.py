@@ -368,6 +368,10 @@ def _write(
     )
     if hooks is not None:
         report["training"] = hooks.divergence.to_json()
+        report["training"]["activations"] = hooks.activations.to_json()
+        if roots is not None:  # model order, with the parameters that never got a gradient
+            names = [name for name, _, _ in roots.named_parameters()]
+            report["training"]["parameter_names"] = names[:2000]
         if request.initial_load is not None:
             report["training"]["same_start"] = dict(hooks.initial_matched)
     text = dumps(report, request.report_cap_bytes)

@@ -95,9 +95,16 @@ def materialise(file: Path, root: Path, baseline: str, scratch: Path) -> tuple[P
     return target, (tree / root.resolve().relative_to(top_path)) if inside else target.parent
 
 
-def run_compare(file: Path, baseline: str, options: ReproOptions, repeat: int) -> dict[str, Any]:
+def run_compare(
+    file: Path,
+    baseline: str,
+    options: ReproOptions,
+    repeat: int,
+    keep: list[ReproReport] | None = None,
+) -> dict[str, Any]:
     """Run both sides `repeat` times (the candidate from the baseline's weights) and compare
-    them while the baseline's tree still exists."""
+    them while the baseline's tree still exists; `keep` receives the first baseline and
+    candidate reports (for the HTML report)."""
     if not 1 <= repeat <= MAX_REPEAT:
         raise ReproUsageError(f"--repeat must be between 1 and {MAX_REPEAT}")
     file = file.absolute()
@@ -123,6 +130,8 @@ def run_compare(file: Path, baseline: str, options: ReproOptions, repeat: int) -
             cand.reports.append(report)
             same_start.append((report.data.get("training") or {}).get("same_start") or {})
         notes = {"baseline": baseline, "revision": is_revision, "same_start": same_start}
+        if keep is not None:
+            keep += [base.reports[0], cand.reports[0]]
         return compare(base, cand, notes)
 
 

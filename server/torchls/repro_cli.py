@@ -74,6 +74,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     repro.add_argument(
         "--repeat", type=int, default=1, metavar="K", help="with --compare: K seeds per side"
     )
+    repro.add_argument(
+        "--report",
+        metavar="HTML",
+        help="also write a self-contained HTML report with charts (gradient flow, activations, "
+        "loss per step) to HTML",
+    )
     repro.set_defaults(handler=run)
 
 
@@ -118,6 +124,11 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(report.to_json() + "\n")
     else:
         sys.stdout.write(render(report))
+    if args.report:
+        from torchls.probe.html_report import render_html
+
+        if not _write_report(args.report, render_html(report)):
+            return EXIT_ERROR
     for layer in (report.data.get("sandbox") or {}).get("layers") or []:
         if not layer.get("held"):
             print(f"torchls: warning: sandbox layer not held: {layer['name']}", file=sys.stderr)
@@ -129,6 +140,17 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_FINDINGS if serious else EXIT_CLEAN
 
 
+def _write_report(path: str, page: str) -> bool:
+    try:
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(page)
+    except OSError as error:
+        print(f"torchls: error: cannot write {path}: {error.strerror}", file=sys.stderr)
+        return False
+    print(f"torchls: HTML report written to {path}", file=sys.stderr)
+    return True
+
+
 def _compare(args: argparse.Namespace, options: object) -> int:
     import json
     from pathlib import Path
@@ -136,11 +158,20 @@ def _compare(args: argparse.Namespace, options: object) -> int:
     from torchls import compare
     from torchls.probe import ReproUsageError, untrusted
 
+    kept: list = []
     try:
-        result = compare.run_compare(Path(args.file), args.compare, options, args.repeat)
+        result = compare.run_compare(Path(args.file), args.compare, options, args.repeat, kept)
     except ReproUsageError as error:
         print(f"torchls: error: {error}", file=sys.stderr)
         return EXIT_ERROR
+    if args.report and kept:
+        from torchls.probe.html_report import render_html
+
+        page = render_html(
+            kept[1], title="torchls repro --compare", other=("baseline", kept[0]), comparison=result
+        )
+        if not _write_report(args.report, page):
+            return EXIT_ERROR
     if args.output_format == "json":
         sys.stdout.write(json.dumps(result, indent=2, default=str) + "\n")
     else:

@@ -48,7 +48,7 @@ def test_json_output_is_strict_and_complete(project):
         raise AssertionError(f"non-strict JSON constant {name}")
 
     data = json.loads(done.stdout, parse_constant=refuse)
-    assert data["schema_version"] == 1
+    assert data["schema_version"] == 2
     assert data["status"] == "ok" and data["bounds"]["steps"] == 1
     assert data["environment"]["command"].startswith("torchls repro train.py")
     assert {f["code"] for f in data["findings"]} == {"TL902"}

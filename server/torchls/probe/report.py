@@ -17,7 +17,7 @@ from typing import Any
 
 from torchls.probe.scratch import Unreadable, read_regular
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 STATUSES = ("ok", "error", "timeout", "memory", "crashed")
 SEVERITIES = ("error", "warning", "information")
 
