@@ -16,6 +16,7 @@ the update against the weights at every optimizer step.
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -272,6 +273,8 @@ class Hooks:
         trace.busy = True
         try:
             trace.steps += 1
+            trace.last_step_at = time.monotonic()
+            trace.backward_at_last_step = trace.backward_calls
             where = trace.user.here()
             if where is not None:
                 self._check_updated(optimizer, where)
@@ -338,6 +341,7 @@ LOSS_GROWTH = 100.0
 GRAD_GROWTH = 1000.0
 UPDATE_RATIO = 1.0
 CLONE_LIMIT = 256 << 20  # weights copied to measure an update: beyond this, not measured
+TRACKED_STEPS = 8  # steps whose per-parameter and per-module figures are recorded
 
 
 @dataclass
@@ -375,7 +379,7 @@ class Divergence:
     ) -> None:
         self._before = []
         self._names = names or {}
-        if len(self.grad_norms) >= 64:
+        if step >= TRACKED_STEPS:  # a repro is a few steps; past these, measuring costs time
             return
         params = self._params(optimizer)
         with torch.no_grad():
@@ -494,7 +498,7 @@ class Activations:
 
     def add(self, name: str, kind: str, output: Any, step: int) -> None:
         key = (name, step)
-        if key in self._seen or len(self.items) >= self.limit:
+        if step >= TRACKED_STEPS or key in self._seen or len(self.items) >= self.limit:
             return
         tensor = next(iter(tensors_in(output, 1)), None)
         if tensor is None or not tensor.is_floating_point() or tensor.numel() == 0:

@@ -270,11 +270,28 @@ def _classify(error: BaseException, request: Request, outcome: Outcome, state: d
             memory=request.memory_mb,
             message=str(error).strip().splitlines()[0][:200] if str(error).strip() else "",
         )
+        if limit in ("timeout", "cpu"):
+            outcome.limit_message += _between_steps(state.get("trace"))
         if limit == "memory":
             outcome.exception = _exception(error, where, op, kind="limit")
         return
     outcome.status, outcome.stopped_by = "error", "exception"
     outcome.exception = _exception(error, where, op, kind="user")
+
+
+def _between_steps(trace: Any) -> str:
+    """Which phase used the time: code with no backward after the last step (evaluation,
+    sampling, logging callbacks) is named, since raising the timeout is not the only fix."""
+    if trace is None or not trace.steps or trace.last_step_at is None:
+        return ""
+    if trace.backward_calls > trace.backward_at_last_step:
+        return ""
+    spent = time.monotonic() - trace.last_step_at
+    return (
+        f"; the time ran out after optimizer step {trace.steps}, in {spent:.1f} s of code that "
+        "ran no backward since (evaluation, sampling or logging between steps?): make that "
+        "phase cheaper for the repro, run fewer --steps, or raise --timeout"
+    )
 
 
 def _limit_kind(error: BaseException) -> str | None:

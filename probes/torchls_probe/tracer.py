@@ -33,6 +33,7 @@ _UNINITIALIZED = {
     "Tensor.new_empty",
     "Tensor.new_empty_strided",
 }
+LIGHT_REPEATS = 2  # traced calls per (line, op) while autograd is off
 _DIFFERENCES = {"Tensor.sub", "Tensor.__sub__", "Tensor.__rsub__", "Tensor.rsub", "torch.sub"}
 # Ops that write a fill value: with an infinite one (`masked_fill(mask, float("-inf"))` before a
 # softmax, `torch.full((n, n), -inf).triu(1)` for causal attention) the infinity is a mask the
@@ -98,6 +99,8 @@ class Trace:
         self.steps = 0
         self.batches = 0
         self.backward_calls = 0
+        self.last_step_at: float | None = None  # time.monotonic() after the last optimizer step
+        self.backward_at_last_step = 0
         # Set by the hooks: called before and after every backward (the step bound for loops
         # without an optimizer, gradients judged right after a complete backward, the loss).
         self.before_backward: Callable[[], None] | None = None
@@ -166,6 +169,7 @@ class Tracer(TorchFunctionMode):
         self._nonfinite: dict[int, tuple[weakref.ref, int]] = {}
         # id(autograd node) -> forward location and entry; cleared after each backward.
         self._nodes: dict[int, tuple[Location, Entry | None]] = {}
+        self._no_grad_calls: dict[tuple[Any, int, str], int] = {}
         # id(node) -> (node, location, violation) of broadcast differences, checked at backward.
         self._suspects: dict[int, tuple[Any, Location, Violation]] = {}
 
@@ -187,6 +191,15 @@ class Tracer(TorchFunctionMode):
         frame = trace.user.innermost(sys._getframe(1))
         if frame is None:
             return func(*args, **kwargs)
+        if not torch.is_grad_enabled() and func not in _BACKWARD:
+            # Light trace for code that builds no graph (evaluation, sampling, logging between
+            # steps): each op of a line is traced on its first calls only, so generating 500
+            # tokens after every step costs little more than a plain run.
+            key = (frame.f_code, frame.f_lineno, name)
+            seen = self._no_grad_calls.get(key, 0)
+            if seen >= LIGHT_REPEATS:
+                return func(*args, **kwargs)
+            self._no_grad_calls[key] = seen + 1
         loc = trace.user.location(frame)
         if func in _BACKWARD:
             return self._backward(func, args, kwargs, loc)

@@ -195,3 +195,29 @@ def test_warnings_python_hides_stay_hidden_and_information_keeps_exit_zero(
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "TL904" in done.stdout
+
+
+SLOW_BETWEEN_STEPS = """\
+import time
+
+import torch
+
+model = torch.nn.Linear(4, 4)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(3):
+    optimizer.zero_grad()
+    model(torch.ones(2, 4)).sum().backward()
+    optimizer.step()
+    with torch.no_grad():  # an evaluation that never ends
+        while True:
+            model(torch.ones(2, 4))
+            time.sleep(0.001)
+"""
+
+
+def test_a_timeout_between_steps_names_that_phase(repro) -> None:
+    report, _ = repro(SLOW_BETWEEN_STEPS, timeout_s=6.0)
+    limit = [f for f in report.data["findings"] if f["code"] == "TL906"]
+    assert limit, report.data["findings"]
+    assert "after optimizer step 1" in limit[0]["message"]
+    assert "ran no backward" in limit[0]["message"]
