@@ -68,9 +68,8 @@ def main() -> None:
             epoch_losses.append(loss)  # planted: TL206
         accuracy = evaluate(model, val_loader)  # planted: TL203
         print(f"epoch {epoch}: accuracy {accuracy:.3f}")
-
-    checkpoint = {"model": model.state_dict(), "args": args}  # planted: TL301
-    torch.save(checkpoint, "classifier.pt")  # planted: TL304
+        checkpoint = {"model": model.state_dict(), "args": args}  # planted: TL301
+        torch.save(checkpoint, "classifier.pt")  # planted: TL304
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from torchls.analysis.source import ParsedSource
 
 if TYPE_CHECKING:
     from torchls.analysis.resolver import CachedView, Definition, Workspace
+    from torchls.analysis.summaries import Summary
 
 FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
 # Expression nodes that need no bookkeeping beyond parent/scope (and the call index).
@@ -147,6 +148,9 @@ PASS_THROUGH_METHODS = {
     "clone",
     "permute",
     "transpose",
+    "resize",
+    "view_as",
+    "reshape_as",
 }
 
 
@@ -239,6 +243,13 @@ class Facts:
         # Provenance can branch (several returns, each through several calls); this caps the
         # total work per file so a pathological file cannot stall the analysis.
         self._origin_steps = 0
+        # Function summaries of this file version (see `summaries.py`), by function node.
+        self._summaries: dict[ast.AST, Summary] = {}
+        self._callees: dict[ast.Call, tuple[Facts, FunctionNode, bool] | None] = {}
+        self._parameter_arguments: dict[tuple[ast.AST, str], list[ast.expr] | None] = {}
+        self._argument_values: dict[int, tuple[list[ast.expr], ast.expr | None]] = {}
+        self._function_parameters: dict[ast.AST, set[str]] = {}
+        self._argument_value_of: dict[ast.Name, ast.expr | None] = {}
         self._collect()
 
     # ------------------------------------------------------------------ collection (one walk)
@@ -647,6 +658,8 @@ class Facts:
             assignment = self.reaching_assignment(expr)
             if assignment is not None and assignment.index is None and assignment.loop is None:
                 return assignment.value
+            if assignment is None:
+                return self.argument_value(expr, unbound=True)
             return None
         if isinstance(expr, ast.Attribute):
             values = self.self_attribute_values(expr)
@@ -785,6 +798,9 @@ class Facts:
                 return found
         if method in STATE_METHODS and not call.args:
             return ObjectKind("data", method, call)
+        if method == "optimizers" and _on_self(call) and not call.args:
+            # Lightning: `opt = self.optimizers()` under manual optimization.
+            return ObjectKind("optimizer", "optimizers", call)
         if qualname in ("copy.deepcopy", "copy.copy") and len(call.args) == 1:
             return self.kind_of(call.args[0], depth + 1)
         if self.returns_receiver(call):
@@ -862,6 +878,11 @@ class Facts:
         self._origin_steps += 1
         if isinstance(expr, ast.Name):
             assignment = self.reaching_assignment(expr)
+            if assignment is None and depth < MAX_DEPTH:
+                arguments = self.parameter_arguments(expr, unbound=True)
+                if arguments:
+                    # A parameter comes from what its call sites pass (every one of them).
+                    return [o for a in arguments for o in self.origins(a, depth + 1, (*via, expr))]
             if assignment is None or assignment.value is None or assignment.loop is not None:
                 return [Origin(expr, via)]
             value = assignment.value
@@ -946,6 +967,9 @@ class Facts:
         module a factory function (here or in another project file) returns."""
         value = self.binding_value(func) if isinstance(func, (ast.Name, ast.Attribute)) else None
         steps = 0
+        while isinstance(value, ast.Name) and steps < MAX_DEPTH:
+            value = self.binding_value(value)  # `self.head = head`, a constructor parameter
+            steps += 1
         while isinstance(value, ast.Call) and steps < MAX_DEPTH:
             qualname = self.call_qualname(value) or ""
             if qualname.startswith("torch.nn.") and self.short_name(value)[:1].isupper():
@@ -1042,7 +1066,20 @@ class Facts:
 
     def module_class_of_call(self, call: ast.Call) -> tuple[Facts, ClassInfo] | None:
         """For `Net(...)`: the facts and class info of `Net` when it is an nn.Module subclass
-        defined in this file or in another project file."""
+        defined in this file or in another project file (`Net(...)`, or `models.Net(...)`
+        through a project module named by the index)."""
+        func = call.func
+        if (
+            isinstance(func, ast.Attribute)
+            and isinstance(func.value, ast.Name)
+            and func.value.id in self._project_imports
+            and self.workspace is not None
+        ):
+            other = self.workspace.module_facts(self, func.value.id)
+            if other is not None and func.attr in other.classes:
+                other_info = other.module_class(func.attr)
+                return (other, other_info) if other_info is not None else None
+            return None
         if not isinstance(call.func, ast.Name):
             return None
         name = call.func.id
@@ -1093,11 +1130,10 @@ class Facts:
             if isinstance(node, ast.Call):
                 if self.method_name(node) in DETACHING_METHODS:
                     continue
+                if self.returns_receiver(node) and self.constructs_module(node):
+                    continue  # moving a module (`D.cuda()`): its parameters are leaves
                 func = node.func
-                is_forward = isinstance(func, (ast.Name, ast.Attribute)) and self.is_kind(
-                    func, "model"
-                )
-                if is_forward:
+                if self.is_forward_call(node):
                     found.add(node)
                 elif isinstance(func, ast.Attribute):
                     todo.append(func.value)  # `out.pow(2)`: the receiver is a graph tensor
@@ -1111,6 +1147,12 @@ class Facts:
                         assignment is not None
                         and assignment.value is not None
                         and assignment.loop is None
+                        # A module object (`D.output_shape`, `D = D.cuda()`) carries no graph.
+                        and not (
+                            isinstance(assignment.value, ast.Call)
+                            and assignment.index is None
+                            and self.constructs_module(assignment.value)
+                        )
                         and not self._in_no_grad_block(assignment.stmt)
                     ):
                         found |= self.graph_forwards(assignment.value, depth + 1)
@@ -1238,6 +1280,8 @@ class Facts:
         method = self.method_name(call)
         if method == "backward":
             return True
+        if method == "manual_backward" and _on_self(call):
+            return True  # Lightning manual optimization: `self.manual_backward(loss)`
         return (self.call_qualname(call) or "") in ("torch.autograd.backward",)
 
     def accumulates_grad(self, call: ast.Call) -> bool:
@@ -1333,6 +1377,512 @@ class Facts:
             if not inner:
                 result.append(loop)
         return result
+
+    # ------------------------------------------------------------------ module objects, paths
+    def constructs_module(self, call: ast.Call) -> bool:
+        """`call` yields a module object, not a forward pass's output: the constructor of an
+        `nn.Module` (torch, in-file or project class, a model factory), or a module method that
+        returns the module (`net.cuda()`, `net.to(device)`, `copy.deepcopy(net)`). Known from
+        where the value comes from; a name that merely looks like a model is not enough."""
+        func = call.func
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr not in RETURNS_RECEIVER
+            and func.attr != "from_pretrained"
+            and not (isinstance(func.value, ast.Name) and func.value.id in self.imports)
+            and not (self.call_qualname(call) or "").startswith(("torch", "timm", "copy."))
+        ):
+            return False  # `out.pow(2)`, `self.head(x)`: a method or a forward, never a build
+        kind = self.kind_of(call)
+        if kind is not None and kind.kind in ("model", "layer") and not kind.by_name:
+            return True
+        # `Discriminator(shape)` with `Discriminator` imported (a star import included): a
+        # module-level object of another file is a class or a factory, not an instance this
+        # file built, so calling it builds a module rather than running one (`nets.D(...)`,
+        # an attribute of an imported module, too).
+        if isinstance(func, ast.Attribute):
+            return self.is_kind(func, "model")  # only imported modules pass the filter above
+        return (
+            isinstance(func, ast.Name)
+            and (func.id in self.imports or not self._bound_in_file(func))
+            and func.id not in self.functions
+            and self.is_kind(func, "model")
+        )
+
+    def _bound_in_file(self, name: ast.Name) -> bool:
+        """`name` is assigned, a parameter or a loop target in its scope or a scope around it."""
+        scope: ast.AST | None = self.scope(name)
+        while scope is not None:
+            if name.id in self.assignments.get(scope, {}):
+                return True
+            if scope is self.tree:
+                return False
+            scope = self.scope(scope)
+        return False
+
+    def is_forward_call(self, call: ast.Call) -> bool:
+        """`model(x)` / `self.net(x)`: a call of a module instance, which records a graph.
+        Building the module (`Discriminator(shape)`) or moving it is not a forward call."""
+        func = call.func
+        if not isinstance(func, (ast.Name, ast.Attribute)) or not self.is_kind(func, "model"):
+            return False
+        return not self.constructs_module(call)
+
+    def exits_before(self, first: ast.AST, second: ast.AST) -> bool:
+        """True when no path runs `second` after `first` within one iteration: after `first`,
+        its block (or a block around it that does not hold `second`) ends with `return`,
+        `raise`, or a `continue`/`break` of a loop that also holds `second` (the warm-up
+        branch `if warmup: loss.backward(); continue`)."""
+        node: ast.AST | None = first
+        while node is not None:
+            parent = self.parents.get(node)
+            if parent is None or self.is_inside(second, node):
+                return False
+            for name in ("body", "orelse", "finalbody"):
+                block = getattr(parent, name, None)
+                if not isinstance(block, list) or not any(item is node for item in block):
+                    continue
+                index = next(i for i, item in enumerate(block) if item is node)
+                for later in block[index + 1 :]:
+                    if self.is_inside(second, later):
+                        break
+                    if isinstance(later, (ast.Return, ast.Raise)):
+                        return True
+                    if isinstance(later, (ast.Continue, ast.Break)):
+                        loops = self.enclosing_loops(later)
+                        return bool(loops) and self.is_inside(second, loops[0])
+            if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                return False
+            node = parent
+        return False
+
+    # ------------------------------------------------------------------ what a loop trains
+    def module_root(self, expr: ast.AST | None) -> str | None:
+        """The key of the module object `expr` ends up being: `net = model.to(device)` and
+        `ddp = DistributedDataParallel(model)` both give `model`."""
+        for _ in range(MAX_DEPTH):
+            expr = self.same_object(expr)
+            if isinstance(expr, ast.Call):
+                qualname = self.call_qualname(expr) or ""
+                wrapper = qualname == "torch.compile" or self.short_name(expr) in (
+                    "DataParallel",
+                    "DistributedDataParallel",
+                )
+                if not (wrapper and expr.args):
+                    return None
+                expr = expr.args[0]
+                continue
+            if isinstance(expr, ast.Name):
+                value = self.binding_value(expr)
+                if isinstance(value, (ast.Name, ast.Call)) and self.module_root(value) is not None:
+                    return self.module_root(value)
+            return self.key(expr)
+        return None
+
+    def optimizer_parameter_owners(self, optimizer: ast.AST, depth: int = 0) -> set[str] | None:
+        """Root keys of the modules whose parameters `optimizer` updates, from every binding
+        of the optimizer's name (`SGD(model.parameters())`, param-group dicts, a wrapper such
+        as `SWA(optimizer)`); None when some binding's parameters cannot be told."""
+        if not isinstance(optimizer, ast.Name) or depth > 3:
+            return None
+        assignments = self.assignments_of(optimizer.id, self.scope(optimizer))
+        if not assignments:
+            assignments = self.assignments_of(optimizer.id, self.tree)  # a module-level one
+        values = [a.value for a in assignments if isinstance(a.value, ast.Call)]
+        if not values or len(values) != len(assignments):
+            return None  # a parameter, an unpacked value: where it comes from is out of sight
+        owners: set[str] = set()
+        for value in values:
+            inner = [a for a in value.args if isinstance(a, ast.Name) and a.id == optimizer.id]
+            if inner or (value.args and self.is_kind(value.args[0], "optimizer")):
+                # A wrapper around another optimizer (SWA, Lookahead): its parameters.
+                found = self.optimizer_parameter_owners(value.args[0], depth + 1)
+                if found is None and not inner:
+                    return None
+                owners |= found or set()
+                continue
+            params = value.args[0] if value.args else None
+            params = params or next((k.value for k in value.keywords if k.arg == "params"), None)
+            found = self._parameter_owners(params, depth) if params is not None else None
+            if not found:
+                return None
+            owners |= found
+        return owners
+
+    def _parameter_owners(self, expr: ast.AST, depth: int) -> set[str] | None:
+        """Root keys of the modules whose `.parameters()` (or named/`filter`ed) feed `expr`."""
+        owners: set[str] = set()
+        for node in ast.walk(expr):
+            if isinstance(node, ast.Call) and self.method_name(node) in (
+                "parameters",
+                "named_parameters",
+            ):
+                receiver = self.receiver(node)
+                root = self.module_root(receiver) or self.key(receiver)
+                if root is None:
+                    return None
+                owners.add(root)
+            elif isinstance(node, ast.Name) and depth < 3 and node is expr:
+                value = self.binding_value(node)
+                if value is None:
+                    return None
+                found = self._parameter_owners(value, depth + 1)
+                if found is None:
+                    return None
+                owners |= found
+        return owners or None
+
+    def trains_model(self, loop: ast.AST, model: ast.expr) -> bool:
+        """Whether `loop` trains the module `model` (called in it): the loop calls its
+        `train()`, or steps an optimizer over its parameters. A module only run under
+        `no_grad` in the loop, or outside every optimizer the loop steps (a frozen teacher),
+        is not trained there. When the optimizers cannot be told, any model counts."""
+        root = self.module_root(model) or self.key(model)
+        if root is None:
+            return True
+
+        def related(other: str | None) -> bool:
+            return other is not None and (
+                other == root or other.startswith(root + ".") or root.startswith(other + ".")
+            )
+
+        calls = self.calls_in(loop)
+        if any(
+            self.method_name(c) == "train" and related(self.module_root(self.receiver(c)))
+            for c in calls
+        ):
+            return True
+        runs = [c for c in calls if related(self.module_root(c.func) or self.key(c.func))]
+        if runs and all(self.in_no_grad(c) for c in runs):
+            return False
+        optimizers = [o for c in calls if (o := self.optimizer_of_step(c)) is not None]
+        if not optimizers:
+            return True
+        for optimizer in optimizers:
+            owners = self.optimizer_parameter_owners(optimizer)
+            if owners is None or any(related(owner) for owner in owners):
+                return True
+        return False
+
+    def after_training(self, node: ast.AST, depth: int = 0) -> bool:
+        """`node` runs once, after training has finished: it is in no loop of its scope and
+        follows a loop there that trains (reaches `backward()`), or it sits in a helper whose
+        every in-file call site does (a final export, not a periodic checkpoint)."""
+        if self.enclosing_loops(node):
+            return False
+        scope = self.scope(node)
+        line = getattr(node, "lineno", 0)
+        for loop in self.loops:
+            if (
+                (loop.end_lineno or loop.lineno) < line
+                and self.scope(loop) is scope
+                and not self.enclosing_loops(loop)
+                and self.node_reaches(loop, self.is_backward)
+            ):
+                return True
+        if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) or depth >= 3:
+            return False
+        sites = self.call_sites(scope)
+        return bool(sites) and all(self.after_training(site, depth + 1) for site in sites)
+
+    # ------------------------------------------------------------------ call graph, summaries
+    def callee(self, call: ast.Call) -> tuple[Facts, FunctionNode, bool] | None:
+        """(facts of its file, function, bound method?) for the project function `call` runs:
+        an in-file function or `self.` method, a class's `__init__`, a function or class
+        imported from another project file (`from engine import train_one_epoch`,
+        `utils.save_checkpoint(...)`), or a method of an object built from a project class
+        (`backend = Backend(); backend.distribute(loader)`)."""
+        if call in self._callees:
+            return self._callees[call]
+        found = self._resolve_callee(call)
+        self._callees[call] = found
+        return found
+
+    @cached_property
+    def parameter_names(self) -> set[str]:
+        """Every parameter name of every function in the file."""
+        names: set[str] = set()
+        for scope in self.assignments:
+            if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = scope.args
+                names.update(a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs])
+        return names
+
+    @cached_property
+    def called_parameter_names(self) -> set[str]:
+        """Parameter names of the functions that have a call site (or, for `__init__`, a
+        construction) in this file: the only parameters whose arguments can be read here."""
+        names: set[str] = set()
+        for scope in self.assignments:
+            if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if not self.call_sites(scope) and not (
+                scope.name == "__init__" and self._construction_sites(scope)
+            ):
+                continue
+            args = scope.args
+            names.update(a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs])
+        return names
+
+    @cached_property
+    def _method_names(self) -> set[str]:
+        return {name for info in self.classes.values() for name in info.methods}
+
+    @cached_property
+    def _project_imports(self) -> set[str]:
+        """Local names imported from modules that may be project files."""
+        from torchls.analysis.resolver import LIBRARY_ROOTS
+
+        if self.workspace is None:
+            return set()
+        return {
+            local
+            for local, target in self.imports.items()
+            if target.split(".")[0] not in LIBRARY_ROOTS
+        }
+
+    @property
+    def imports_project_modules(self) -> bool:
+        """With a workspace, the file imports names that may come from project files."""
+        return bool(self._project_imports)
+
+    def _resolve_callee(self, call: ast.Call) -> tuple[Facts, FunctionNode, bool] | None:
+        local = self.called_function(call)
+        func = call.func
+        if local is not None:
+            return self, local, isinstance(func, ast.Attribute)
+        # Most calls are library calls or tensor methods: reject those before any lookup.
+        if isinstance(func, ast.Name):
+            if func.id not in self.classes and func.id not in self._project_imports:
+                return None
+        elif isinstance(func, ast.Attribute):
+            if func.attr not in self._method_names and not self._project_imports:
+                return None
+        else:
+            return None
+        if isinstance(func, ast.Name):
+            if func.id in self.classes:
+                init = self.classes[func.id].methods.get("__init__")
+                return (self, init, True) if init is not None else None
+            definition = self.definition(func.id)
+            if definition is None:
+                return None
+            return _function_of(definition.facts, definition.node)
+        if not isinstance(func, ast.Attribute) or not isinstance(func.value, ast.Name):
+            return None
+        base = func.value.id
+        if base in self._project_imports:
+            if self.reaching_assignment(func.value) is None:
+                other = self.workspace.module_facts(self, base)
+                if other is not None:
+                    if func.attr in other.functions:
+                        return other, other.functions[func.attr], False
+                    info = other.classes.get(func.attr)
+                    if info is not None and "__init__" in info.methods:
+                        return other, info.methods["__init__"], True
+                    return None
+        value = self.binding_value(func.value)
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+            owner: Facts | None = None
+            info = self.classes.get(value.func.id)
+            if info is not None:
+                owner = self
+            else:
+                definition = self.definition(value.func.id)
+                if definition is not None and isinstance(definition.node, ast.ClassDef):
+                    owner = definition.facts
+                    info = owner.classes.get(definition.node.name)
+            if owner is not None and info is not None and func.attr in info.methods:
+                return owner, info.methods[func.attr], True
+        return None
+
+    def summary(self, function: FunctionNode) -> Summary:
+        """What `function` (of this file) does, in terms of its parameters (`summaries.py`)."""
+        from torchls.analysis.summaries import summary_of
+
+        return summary_of(self, function)
+
+    @cached_property
+    def project_calls(self) -> list[ast.Call]:
+        """The calls of this file that run a project function (`callee` is known), in file
+        order: the only calls whose summary a rule can ask."""
+        return [call for call in self.calls if self.callee(call) is not None]
+
+    def call_summary(self, call: ast.Call) -> tuple[Summary, dict[str, ast.expr], Facts] | None:
+        """The summary of the project function `call` runs, its parameters bound to the
+        call's arguments, and the facts of the file defining it; None when unknown."""
+        target = self.callee(call)
+        if target is None:
+            return None
+        owner, function, method = target
+        summary = owner.summary(function)
+        return summary, summary.bind(call, method), owner
+
+    def returned_arguments(self, call: ast.Call) -> list[ast.expr]:
+        """The arguments `call` hands back as they are: a project wrapper whose summary
+        returns its parameter (`backend.distribute(loader)`, `ddp_wrap(model)`)."""
+        asked = self.call_summary(call)
+        if asked is None:
+            return []
+        summary, bound, _ = asked
+        return [bound[name] for name in sorted(summary.returns) if name in bound]
+
+    def parameter_of(self, name: ast.Name, unbound: bool = False) -> FunctionNode | None:
+        """The function whose parameter `name` reads (not rebound before this read; `unbound`:
+        the caller already knows no local assignment reaches it)."""
+        if name.id not in self.parameter_names:
+            return None
+        function = self.scope(name)
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return None
+        names = self._function_parameters.get(function)
+        if names is None:
+            args = function.args
+            names = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]}
+            self._function_parameters[function] = names
+        if name.id not in names:
+            return None
+        if unbound:
+            return function
+        assignment = self.reaching_assignment(name)
+        return function if assignment is None or assignment.stmt is function else None
+
+    def parameter_arguments(self, name: ast.Name, unbound: bool = False) -> list[ast.expr] | None:
+        """For a read of a parameter of an in-file function: the argument passed for it at
+        every call site of the function (its default when a site omits it); None when the
+        name is not an unrebound parameter, the function has no call site here, or a site's
+        argument cannot be told."""
+        if name.id not in self.called_parameter_names:
+            return None  # no function with such a parameter is called in this file
+        function = self.parameter_of(name, unbound)
+        if function is None:
+            return None
+        key = (function, name.id)
+        if key not in self._parameter_arguments:
+            self._parameter_arguments[key] = self._arguments_for(function, name.id)
+        return self._parameter_arguments[key]
+
+    def _arguments_for(self, function: FunctionNode, param: str) -> list[ast.expr] | None:
+        sites = [(site, isinstance(site.func, ast.Attribute)) for site in self.call_sites(function)]
+        if function.name == "__init__":
+            sites.extend((site, True) for site in self._construction_sites(function))
+        if not sites:
+            return None
+        found: list[ast.expr] = []
+        all_params = [a.arg for a in [*function.args.posonlyargs, *function.args.args]]
+        for site, bound_method in sites:
+            if any(k.arg is None for k in site.keywords):
+                return None  # `f(**options)`: any parameter may come from the mapping
+            params = all_params[1:] if bound_method and all_params else all_params
+            value = next((k.value for k in site.keywords if k.arg == param), None)
+            if value is None and param in params:
+                position = params.index(param)
+                if any(isinstance(a, ast.Starred) for a in site.args[: position + 1]):
+                    return None
+                if position < len(site.args):
+                    value = site.args[position]
+            if value is None:
+                value = parameter_default(function, param)
+            if value is None:
+                return None
+            found.append(value)
+        return found
+
+    def _construction_sites(self, init: FunctionNode) -> list[ast.Call]:
+        """`Net(...)` calls in this file for the `__init__` of class `Net`."""
+        klass = self.parents.get(init)
+        if not isinstance(klass, ast.ClassDef):
+            return []
+        return self._calls_by_name.get(klass.name, [])
+
+    @cached_property
+    def _calls_by_name(self) -> dict[str, list[ast.Call]]:
+        index: dict[str, list[ast.Call]] = {}
+        for call in self.calls:
+            if isinstance(call.func, ast.Name):
+                index.setdefault(call.func.id, []).append(call)
+        return index
+
+    def argument_value(self, name: ast.Name, unbound: bool = False) -> ast.expr | None:
+        """The one value a parameter is bound to: the argument every call site passes for it
+        (the same expression text everywhere); None when sites disagree or are unknown."""
+        if name.id not in self.called_parameter_names:
+            return None  # `torch`, `F`, `len`, globals, uncalled functions' parameters
+        if name in self._argument_value_of:
+            return self._argument_value_of[name]
+        found = self._argument_value(name, unbound)
+        self._argument_value_of[name] = found
+        return found
+
+    def _argument_value(self, name: ast.Name, unbound: bool) -> ast.expr | None:
+        arguments = self.parameter_arguments(name, unbound)
+        if not arguments:
+            return None
+        key = id(arguments)  # one list per (function, parameter): memoise the agreement
+        if key in self._argument_values:
+            return self._argument_values[key][1]
+        value = self._agreed_value(arguments)
+        self._argument_values[key] = (arguments, value)  # keeps the list alive with its id
+        return value
+
+    def _agreed_value(self, arguments: list[ast.expr]) -> ast.expr | None:
+        if len(arguments) == 1:
+            return arguments[0]
+        # Several sites agree only on a value that means the same everywhere: the same text
+        # built from imported names and constants (`nn.CrossEntropyLoss()`), never a local
+        # name, which may hold something else at each site.
+        first = ast.dump(arguments[0])
+        if any(ast.dump(a) != first for a in arguments[1:]):
+            return None
+        if any(
+            isinstance(n, ast.Name) and n.id not in self.imports for n in ast.walk(arguments[0])
+        ):
+            return None
+        return arguments[0]
+
+    def parameter_annotation(self, name: ast.Name) -> ast.expr | None:
+        """The annotation of the parameter `name` still holds (`cfg: TrainConfig`)."""
+        function = self.parameter_of(name)
+        if function is None:
+            return None
+        args = function.args
+        for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs]:
+            if arg.arg == name.id:
+                return arg.annotation
+        return None
+
+
+def _on_self(call: ast.Call) -> bool:
+    func = call.func
+    return (
+        isinstance(func, ast.Attribute)
+        and isinstance(func.value, ast.Name)
+        and (func.value.id == "self")
+    )
+
+
+def parameter_default(function: FunctionNode, name: str) -> ast.expr | None:
+    """The default value of parameter `name` of `function` (`criterion=nn.CrossEntropyLoss()`)."""
+    args = function.args
+    positional = [*args.posonlyargs, *args.args]
+    offset = len(positional) - len(args.defaults)
+    for index, arg in enumerate(positional):
+        if arg.arg == name and index >= offset:
+            return args.defaults[index - offset]
+    for arg, default in zip(args.kwonlyargs, args.kw_defaults, strict=False):
+        if arg.arg == name:
+            return default
+    return None
+
+
+def _function_of(facts: Facts, node: ast.AST) -> tuple[Facts, FunctionNode, bool] | None:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return facts, node, False
+    if isinstance(node, ast.ClassDef):
+        info = facts.classes.get(node.name)
+        init = info.methods.get("__init__") if info is not None else None
+        return (facts, init, True) if init is not None else None
+    return None
 
 
 def _child_statements(node: ast.stmt) -> Iterator[ast.stmt]:

@@ -11,7 +11,7 @@ import ast
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from torchls.analysis.facts import LossCall
+from torchls.analysis.facts import LossCall, ObjectKind, parameter_default
 
 if TYPE_CHECKING:
     from torchls.analysis.facts import Facts
@@ -111,7 +111,7 @@ def loss_kind_of_call(facts: Facts, call: ast.Call) -> tuple[str, ast.Call | Non
         and func.value.id == "self"
         and func.attr != "forward"
     ):
-        kind = facts.kind_of(func)
+        kind = _loss_object_kind(facts, func)
     else:
         kind = None
     if kind is not None and kind.kind == "loss" and kind.detail in CONTRACTS:
@@ -119,6 +119,48 @@ def loss_kind_of_call(facts: Facts, call: ast.Call) -> tuple[str, ast.Call | Non
         same_file = isinstance(kind.node, ast.Call) and facts.owns(kind.node)
         return kind.detail, kind.node if same_file else None
     return None
+
+
+def _loss_object_kind(facts: Facts, func: ast.expr, depth: int = 0) -> ObjectKind | None:
+    """What the loss object `func` is. A name bound to losses of different kinds on different
+    paths (`criterion = CTCLoss()` in one branch, `CrossEntropyLoss()` in the other) is
+    unknown: which contract applies depends on the path. A parameter is what every call site
+    passes for it, or its default (`def train(..., criterion=nn.CrossEntropyLoss())`)."""
+    kind = facts.kind_of(func)
+    if not isinstance(func, ast.Name) or (kind is not None and kind.kind != "loss"):
+        return kind  # only names that may hold a loss need the questions below
+    if (kind is None or kind.by_name) and func.id not in facts.parameter_names:
+        return kind  # neither a loss with several definitions nor a parameter (fast path)
+    scope = facts.scope(func)
+    bindings = facts.assignments_of(func.id, scope) or facts.assignments_of(func.id, facts.tree)
+    if kind is not None and not kind.by_name and len(bindings) > 1:
+        kinds = {
+            (found.kind, found.detail) if found is not None else None
+            for found in (facts.kind_of(b.value) for b in bindings if b.value is not None)
+        }
+        if len(kinds) > 1:
+            return None
+    if kind is not None and not kind.by_name:
+        return kind
+    rebound = any(b.value is not None or b.loop is not None for b in bindings)
+    function = facts.parameter_of(func) if not rebound else None
+    if function is None:
+        return kind
+    values = facts.parameter_arguments(func)
+    if values is None:
+        default = parameter_default(function, func.id)
+        values = [default] if default is not None and not facts.call_sites(function) else []
+    found_kinds = {
+        _loss_object_kind(facts, v, depth + 1)
+        if isinstance(v, ast.Name) and depth < 3
+        else facts.kind_of(v)
+        for v in values
+    }
+    if len(found_kinds) == 1:
+        only = found_kinds.pop()
+        if only is not None:
+            return only
+    return None if values else kind
 
 
 def find_loss_calls(facts: Facts) -> list[LossCall]:

@@ -23,13 +23,17 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ModeFact:
-    mode: str  # "train", "eval" or "unknown"
+    # "train", "eval", "unknown", or "default": a parameter of a function nobody in this file
+    # calls, whose mode nothing in sight changed (a module is built in training mode, so on
+    # such a path it is in train mode unless someone calls eval()).
+    mode: str
     setter: ast.AST | None  # the call that set it (None for unknown)
     back_edge: bool = False
 
 
 State = dict[str, frozenset[ModeFact]]
 UNKNOWN = frozenset({ModeFact("unknown", None)})
+DEFAULT = frozenset({ModeFact("default", None)})
 MAX_EXACT_LOOP_DEPTH = 4
 
 
@@ -74,6 +78,13 @@ class ModeAnalysis:
     _inert_cache: dict[ast.AST, bool] = field(default_factory=dict)
     # Statements that build a model somewhere inside (a fresh module starts in train mode).
     _builds_model: set[ast.AST] = field(default_factory=set)
+    # Whether this file's functions put the models they are given in eval() themselves.
+    _helpers_own_modes: bool = False
+    # `was_training = model.training` statements (and those around them) -> the model key.
+    _saves_mode: dict[ast.AST, str] = field(default_factory=dict)
+    _leaves_cache: dict[ast.AST, bool] = field(default_factory=dict)
+    # (scope, name) -> (model key, the modes saved in that name).
+    _saved: dict[tuple[ast.AST, str], tuple[str, frozenset[ModeFact]]] = field(default_factory=dict)
 
     def run(self) -> None:
         facts = self.facts
@@ -82,22 +93,56 @@ class ModeAnalysis:
         functions = _relevant_functions(facts)
         self._possible_keys = _possible_keys(facts)
         self._builds_model = _statements_building_models(facts)
+        self._helpers_own_modes = _helpers_own_modes(facts)
+        self._saves_mode = _statements_saving_modes(facts)
         # Round one analyses everything from an unknown entry and collects call-site states;
         # round two re-analyses only the functions that got an entry state from a caller.
         entries: dict[ast.AST, State] = {}
         self._pending_entries = entries
         self._interpret(facts.tree.body, {})
         for function in functions:
-            self._interpret(function.body, {})
+            self._interpret(function.body, self._root_entry(function))
         self.entry = entries
         self._pending_entries = {}
         for function in functions:
             entry = self.entry.get(function)
             if not entry:
                 continue
+            entry = {**self._root_entry(function), **entry}
             for call in facts.calls_in(function):
                 self.at_call.pop(call, None)
             self._interpret(function.body, entry)
+
+    def _leaves(self, loop: ast.For | ast.AsyncFor) -> bool:
+        found = self._leaves_cache.get(loop)
+        if found is None:
+            found = self._leaves_cache[loop] = _leaves_early(loop)
+        return found
+
+    def _root_entry(self, function: FunctionNode) -> State:
+        """Entry modes of a plain function nobody in this file calls: its parameters are in
+        the mode their builder left them in, as far as anything in sight knows ("default").
+        Methods and nested functions get nothing: their objects come from code out of sight."""
+        facts = self.facts
+        if not self._helpers_own_modes:
+            return {}
+        if facts.call_sites(function) or facts.scope(function) is not facts.tree:
+            return {}
+        if facts.enclosing_class(function) is not None:
+            return {}
+        args = function.args
+        params = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]}
+        entry: State = {}
+        for node in facts.scope_nodes.get(function, ()):
+            # Only models: a loss or an updater passed in has no mode to be in. The first
+            # read of each parameter decides.
+            if isinstance(node, ast.Name) and node.id in params:
+                params.discard(node.id)
+                if facts.is_kind(node, "model"):
+                    entry[node.id] = DEFAULT
+                if not params:
+                    break
+        return entry
 
     # ------------------------------------------------------------------ statements
     def _interpret(self, body: list[ast.stmt], state: State) -> State:
@@ -110,7 +155,11 @@ class ModeAnalysis:
         built): most statements, so the interpreter skips them whole, loops included."""
         inert = self._inert_cache.get(stmt)
         if inert is None:
-            inert = not self._relevant_calls(stmt) and stmt not in self._builds_model
+            inert = (
+                not self._relevant_calls(stmt)
+                and stmt not in self._builds_model
+                and stmt not in self._saves_mode
+            )
             self._inert_cache[stmt] = inert
         return inert
 
@@ -121,24 +170,48 @@ class ModeAnalysis:
             return state
         if isinstance(stmt, ast.If):
             state = self._expression(stmt.test, state)
-            return _union(self._interpret(stmt.body, state), self._interpret(stmt.orelse, state))
+            body = self._interpret(stmt.body, state)
+            merged = _union(body, self._interpret(stmt.orelse, state))
+            typed = _type_tested_key(self.facts, stmt.test)
+            if typed is not None and typed in body:
+                # `if isinstance(net, nn.Module): net.train()`: where the test fails, `net`
+                # is no module and has no mode, so the mode after the `if` is the body's.
+                merged[typed] = body[typed]
+            saved = (
+                self._saved.get((self.facts.scope(stmt), stmt.test.id))
+                if isinstance(stmt.test, ast.Name)
+                else None
+            )
+            if saved is not None and not stmt.orelse:
+                key, modes = saved
+                if any(f.mode == "train" for f in body.get(key, ())):
+                    # `if was_training: model.train()`: the mode saved before is back.
+                    merged[key] = modes
+            return merged
         if isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)):
             header = stmt.iter if isinstance(stmt, (ast.For, ast.AsyncFor)) else stmt.test
             state = self._expression(header, state)
             self._loop_depth += 1
+            # A `for` loop over data runs its body at least once in any run that matters; the
+            # state before it only survives the loop when the body can leave early.
             try:
                 after_first = self._interpret(stmt.body, state)
+                runs_once = (
+                    after_first != state
+                    and isinstance(stmt, (ast.For, ast.AsyncFor))
+                    and not self._leaves(stmt)
+                )
                 if after_first == state:
                     # The body changes no mode, so a second pass would see the same states.
                     exit_state = state
                 elif self._loop_depth > MAX_EXACT_LOOP_DEPTH:
                     # Two passes per nesting level is exponential; deep inside, one pass and
                     # a merged exit state are enough (findings there may be missed, not made up).
-                    exit_state = _union(state, after_first)
+                    exit_state = after_first if runs_once else _union(state, after_first)
                 else:
                     second_entry = _union(state, _mark_back_edge(after_first))
                     after_second = self._interpret(stmt.body, second_entry)
-                    exit_state = _union(state, after_second)
+                    exit_state = _union(after_first if runs_once else state, after_second)
             finally:
                 self._loop_depth -= 1
             return self._interpret(stmt.orelse, exit_state) if stmt.orelse else exit_state
@@ -163,6 +236,14 @@ class ModeAnalysis:
                 result = _union(result, other)
             return result
         state = self._expression(stmt, state)
+        saved_key = self._saves_mode.get(stmt)
+        if saved_key is not None and isinstance(stmt, ast.Assign):
+            target = stmt.targets[0]
+            if isinstance(target, ast.Name):
+                modes = state.get(saved_key) or state.get(
+                    _owning_key(saved_key, state) or "", UNKNOWN
+                )
+                self._saved[(self.facts.scope(stmt), target.id)] = (saved_key, modes)
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
             key = self.facts.key(stmt.targets[0])
             if key is not None and isinstance(stmt.value, ast.Call):
@@ -250,10 +331,19 @@ class ModeAnalysis:
                 return state
             elif call.args:
                 flag = call.args[0]
+                saved = (
+                    self._saved.get((self.facts.scope(call), flag.id))
+                    if isinstance(flag, ast.Name)
+                    else None
+                )
+                if saved is not None and saved[0] == receiver_key:
+                    return {**state, receiver_key: saved[1]}  # model.train(was_training)
                 if not isinstance(flag, ast.Constant) or not isinstance(flag.value, bool):
                     return {**state, receiver_key: UNKNOWN}
                 mode = "train" if flag.value else "eval"
             return {**state, receiver_key: frozenset({ModeFact(mode, call)})}
+        if called_key is not None and called_key not in state:
+            called_key = _owning_key(called_key, state) or called_key
         if (called_key is not None and called_key in state) or is_model:
             key = called_key or ""
             self.at_call[call] = self.at_call.get(call, frozenset()) | state.get(key, UNKNOWN)
@@ -286,7 +376,12 @@ class ModeAnalysis:
 
     def _apply_helper(self, call: ast.Call, function: FunctionNode, state: State) -> State:
         mapping = self._parameter_map(call, function)
-        entry = {param: state[key] for key, param in mapping.items() if key in state}
+        entry: State = {}
+        for key, facts_ in state.items():
+            # `validate(ctx)`: the caller's `ctx.model` is the helper's `ctx.model` too.
+            param_key = _rebase(key, mapping)
+            if param_key is not None:
+                entry[param_key] = facts_
         for key, facts_ in state.items():
             if key.startswith("self.") or ("." not in key and key not in mapping):
                 entry.setdefault(key, facts_)
@@ -298,7 +393,7 @@ class ModeAnalysis:
         reverse = {param: key for key, param in mapping.items()}
         updated = dict(state)
         for callee_key, facts_ in effect.items():
-            caller_key = reverse.get(callee_key, callee_key)
+            caller_key = _rebase(callee_key, reverse) or callee_key
             # Attribute the change to the call site, so findings point at the helper call.
             changed = frozenset(
                 ModeFact(f.mode, call if f.setter is not None else None, False)
@@ -337,6 +432,77 @@ class ModeAnalysis:
         effect = {key: facts_ for key, facts_ in end.items() if facts_ != sentinel}
         self._effects[function] = effect
         return effect
+
+
+def _type_tested_key(facts: Facts, test: ast.expr) -> str | None:
+    """`net` for a test `isinstance(net, <a module class>)`."""
+    if not (
+        isinstance(test, ast.Call)
+        and isinstance(test.func, ast.Name)
+        and test.func.id == "isinstance"
+        and len(test.args) == 2
+    ):
+        return None
+    kind = facts.qualname(test.args[1]) or facts.source.segment(test.args[1]) or ""
+    if not kind.endswith("Module"):
+        return None
+    return facts.key(test.args[0])
+
+
+def _owning_key(key: str, state: State) -> str | None:
+    """The nearest module in `state` that `key` is a submodule of: `model.decoder` runs in
+    `model`'s mode unless its own mode was set."""
+    parts = key.split(".")
+    for end in range(len(parts) - 1, 0, -1):
+        prefix = ".".join(parts[:end])
+        if prefix in state:
+            return prefix
+    return None
+
+
+def _leaves_early(loop: ast.For | ast.AsyncFor | ast.While) -> bool:
+    """The loop's body has a `break` or `continue` of its own (not of a nested loop)."""
+    todo: list[ast.AST] = list(loop.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.Break, ast.Continue)):
+            return True
+        if isinstance(
+            node, (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.AsyncFunctionDef)
+        ):
+            continue  # its break/continue are its own
+        if isinstance(node, (ast.ClassDef, ast.Lambda, ast.expr)):
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+    return False
+
+
+def _rebase(key: str, mapping: dict[str, str]) -> str | None:
+    """`key` under the names of `mapping` (caller key -> callee parameter, or the reverse):
+    with `ctx` -> `state`, `ctx.model` becomes `state.model`."""
+    parts = key.split(".")
+    for end in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:end])
+        if prefix in mapping:
+            return ".".join([mapping[prefix], *parts[end:]])
+    return None
+
+
+def _helpers_own_modes(facts: Facts) -> bool:
+    """Some function here calls `eval()` on a model it was given as a parameter: in this file
+    the helper that runs a model owns its mode, so a helper that never sets it is suspect.
+    Where no function does, setting the mode is the callers' job (out of sight)."""
+    for call in facts.method_calls("eval"):
+        if call.args or call.keywords:
+            continue
+        function = facts.enclosing_function(call)
+        key = facts.key(facts.same_object(facts.receiver(call)))
+        if function is None or key is None:
+            continue
+        args = function.args
+        if key.split(".")[0] in {a.arg for a in [*args.posonlyargs, *args.args]} - {"self"}:
+            return True
+    return False
 
 
 def _can_matter(facts: Facts) -> bool:
@@ -389,6 +555,35 @@ def _statements_building_models(facts: Facts) -> set[ast.AST]:
             if isinstance(node, ast.stmt):
                 found.add(node)
             node = facts.parents.get(node)
+    return found
+
+
+def _statements_saving_modes(facts: Facts) -> dict[ast.AST, str]:
+    """`was_training = model.training` → `model`, for that statement and every statement
+    around it up to its function (so the interpreter does not skip them as inert)."""
+    found: dict[ast.AST, str] = {}
+    if ".training" not in facts.source.text:
+        return found  # most files never read a module's mode
+    for nodes in facts.scope_nodes.values():
+        for node in nodes:
+            if not (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+                and isinstance(node.value, ast.Attribute)
+                and node.value.attr == "training"
+            ):
+                continue
+            key = facts.key(node.value.value)
+            if key is None:
+                continue
+            current: ast.AST | None = node
+            while current is not None and not isinstance(
+                current, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)
+            ):
+                if isinstance(current, ast.stmt):
+                    found.setdefault(current, key)
+                current = facts.parents.get(current)
     return found
 
 

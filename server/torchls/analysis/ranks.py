@@ -21,6 +21,28 @@ if TYPE_CHECKING:
     from torchls.analysis.facts import Facts
 
 MAX_DEPTH = 3
+# `torch.distributed` collectives: every rank of the group must call them. Vocabulary shared by
+# the function summaries (which helpers reach one) and the TL8xx rules.
+COLLECTIVES = {
+    "barrier",
+    "monitored_barrier",
+    "all_reduce",
+    "all_gather",
+    "all_gather_object",
+    "all_gather_into_tensor",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "broadcast",
+    "broadcast_object_list",
+    "gather",
+    "gather_object",
+    "scatter",
+    "scatter_object_list",
+    "all_to_all",
+    "all_to_all_single",
+}
+COLLECTIVE_QUALNAMES = {f"torch.distributed.{name}" for name in COLLECTIVES}
 # Names that hold a process's rank.
 RANK_NAME_RE = re.compile(
     r"^(rank|local_rank|global_rank|world_rank|node_rank|ddp_rank|ddp_local_rank|proc_rank|"

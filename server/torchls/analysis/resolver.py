@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from torchls.analysis.index import ProjectIndex
+
 if TYPE_CHECKING:
     from torchls.analysis.facts import Facts
 
@@ -87,6 +89,8 @@ class Workspace:
         self._project = None
         self._depth = threading.local()
         self.jedi_calls = 0
+        # Plain project imports are named from the file system first; jedi only for the rest.
+        self.index = ProjectIndex(self.root)
 
     # ------------------------------------------------------------------ files
     def text_of(self, path: Path) -> str | None:
@@ -135,11 +139,13 @@ class Workspace:
                 self._facts.clear()
                 self._scripts.clear()
                 self._answers.clear()
+                self.index.forget()
             else:
                 self._facts.pop(Path(path).resolve(), None)
                 self._scripts.pop(Path(path).resolve(), None)
                 # A file that appeared or vanished can change where any import points.
                 self._answers.clear()
+                self.index.forget()
 
     def contains(self, path: Path) -> bool:
         if "site-packages" in path.parts or "dist-packages" in path.parts:
@@ -178,6 +184,9 @@ class Workspace:
         if depth >= MAX_FOLLOW_DEPTH:
             return None
         path = Path(facts.filename).resolve()
+        indexed = self._resolve_by_index(path, imported, depth)
+        if indexed is not None:
+            return indexed or None
         key = (path, local_name, imported)
         with self._lock:
             known = key in self._answers
@@ -202,6 +211,55 @@ class Workspace:
         if other is None:
             return None
         return _definition_at(other, line, imported.rsplit(".", 1)[-1])
+
+    def _resolve_by_index(self, path: Path, imported: str, depth: int) -> Definition | bool | None:
+        """The definition the project index names for `imported` (False: the index found the
+        module but not the name in it; None: the index cannot tell, ask jedi)."""
+        located = self.index.locate(path, imported)
+        if located is None or located[1] is None:
+            return None
+        target_path, attribute = located
+        if not self.contains(target_path):
+            return None
+        with self._lock:
+            self._dependents.setdefault(target_path, set()).add(path)
+        self._depth.value = depth + 1
+        try:
+            other = self.facts_for(target_path)
+            if other is None:
+                return False
+            node = other.classes.get(attribute)
+            found = node.node if node is not None else other.functions.get(attribute)
+            if found is not None:
+                return Definition(other, found)
+            if attribute in other.imports:  # re-exported: `from .models import Net` in __init__
+                return self.resolve(other, attribute) or False
+            return False
+        finally:
+            self._depth.value = depth
+
+    def module_facts(self, facts: Facts, local_name: str) -> Facts | None:
+        """The facts of the project module a plain `import utils` (or `from pkg import
+        utils`) bound to `local_name`, named by the index; None for libraries."""
+        imported = facts.imports.get(local_name)
+        if imported is None or facts.filename.startswith("<"):
+            return None
+        if imported.split(".")[0] in LIBRARY_ROOTS:
+            return None
+        depth = getattr(self._depth, "value", 0)
+        if depth >= MAX_FOLLOW_DEPTH:
+            return None
+        path = Path(facts.filename).resolve()
+        located = self.index.locate(path, imported)
+        if located is None or located[1] is not None or not self.contains(located[0]):
+            return None
+        with self._lock:
+            self._dependents.setdefault(located[0], set()).add(path)
+        self._depth.value = depth + 1
+        try:
+            return self.facts_for(located[0])
+        finally:
+            self._depth.value = depth
 
     def _ask_jedi(
         self, path: Path, text: str, digest: str, position: tuple[int, int]
@@ -243,6 +301,9 @@ class CachedView:
 
     def resolve(self, facts: Facts, local_name: str) -> Definition | None:
         return self.workspace.resolve(facts, local_name, view=self)
+
+    def module_facts(self, facts: Facts, local_name: str) -> Facts | None:
+        return self.workspace.module_facts(facts, local_name)
 
 
 def _definition_at(facts: Facts, line: int, name: str) -> Definition | None:

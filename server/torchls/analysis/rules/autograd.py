@@ -78,7 +78,9 @@ def backward_twice(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
     Two `backward()` calls in one iteration whose losses both depend on the same model call
-    (the same forward pass), when the first call does not pass `retain_graph=True`.
+    (the same forward pass), when the first call does not pass `retain_graph=True`. Calls on
+    exclusive paths (an `if`/`else`, or a branch that ends with `continue`/`break`/`return`)
+    are not paired, and building or moving a module is not a forward pass.
 
     ## Why it is wrong
     `backward()` frees the graph's saved tensors. The second call raises "Trying to backward
@@ -114,7 +116,11 @@ def backward_twice(facts: Facts) -> Iterator[Hit]:
             graph = facts.graph_forwards(facts.receiver(call))  # type: ignore[arg-type]
             for forward in sorted(graph, key=lambda c: (c.lineno, c.col_offset)):
                 earlier = freed_by.get(forward)
-                if earlier is not None and not _exclusive_branches(facts, earlier, call):
+                if (
+                    earlier is not None
+                    and not _exclusive_branches(facts, earlier, call)
+                    and not facts.exits_before(earlier, call)
+                ):
                     yield Hit(
                         call,
                         f"second backward() through the graph of "

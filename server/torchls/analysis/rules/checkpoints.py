@@ -49,13 +49,20 @@ def _dict_values(facts: Facts, expr: ast.expr) -> list[ast.expr]:
     return values
 
 
-def _config_object(facts: Facts, value: ast.expr) -> tuple[str, str] | None:
+def _config_object(facts: Facts, value: ast.expr, depth: int = 0) -> tuple[str, str] | None:
     """(kind, class name) when `value` is an argparse Namespace, a dataclass instance or an
-    instance of another in-file class that is not a module."""
-    origins = facts.origins(value) if isinstance(value, (ast.Name, ast.Attribute)) else []
+    instance of another in-file class that is not a module. A helper's parameter is what its
+    annotation says (`cfg: TrainConfig`), else what every call site passes for it (sites that
+    disagree: unknown)."""
+    if isinstance(value, ast.Call):
+        origins = [] if depth == 0 else facts.origins(value)
+    else:
+        origins = facts.origins(value) if isinstance(value, (ast.Name, ast.Attribute)) else []
     if len(origins) != 1 or origins[0].facts is not None:
         return None
     node = origins[0].node
+    if isinstance(node, ast.Name) and depth < 3:
+        return _parameter_config(facts, node, depth)
     if not isinstance(node, ast.Call):
         return None
     method = facts.method_name(node)
@@ -71,6 +78,50 @@ def _config_object(facts: Facts, value: ast.expr) -> tuple[str, str] | None:
             return None
         return ("dataclass" if info.is_dataclass else "object"), node.func.id
     return None
+
+
+def _parameter_config(facts: Facts, name: ast.Name, depth: int) -> tuple[str, str] | None:
+    annotation = facts.parameter_annotation(name)
+    if annotation is not None:
+        if facts.qualname(annotation) == "argparse.Namespace":
+            return "namespace", "Namespace"
+        if isinstance(annotation, ast.Name):
+            info = facts.classes.get(annotation.id)
+            if info is None:
+                definition = facts.definition(annotation.id)
+                node = definition.node if definition is not None else None
+                if isinstance(node, ast.ClassDef):
+                    info = definition.facts.classes.get(node.name)  # type: ignore[union-attr]
+            if info is not None and info.is_dataclass:
+                return "dataclass", annotation.id
+        return None
+    arguments = facts.parameter_arguments(name)
+    if not arguments:
+        return None
+    found = {_config_object(facts, argument, depth + 1) for argument in arguments}
+    return found.pop() if len(found) == 1 else None
+
+
+def _saved_through_wrappers(facts: Facts) -> Iterator[ast.expr]:
+    """Values a call of a save wrapper puts in the checkpoint: the dict passed as the saved
+    object (`save_on_master({...}, path)`, `utils.save_checkpoint(state, ...)`), and, for a
+    helper in another file that stores its parameter in the dict it saves, the argument."""
+    if not facts.calls_to(*SAVE) and not facts.imports_project_modules:
+        return  # no save here and no other project file to hold a save wrapper
+    for call in facts.project_calls:
+        asked = facts.call_summary(call)
+        if asked is None:
+            continue
+        summary, bound, owner = asked
+        for name in summary.saves:
+            argument = bound.get(name)
+            if argument is not None:
+                yield from _dict_values(facts, argument)
+        if owner is not facts:  # in this file the helper's own `torch.save` is reported
+            for name in summary.saves_values:
+                argument = bound.get(name)
+                if argument is not None:
+                    yield argument
 
 
 def _allow_listed(facts: Facts, class_name: str) -> bool:
@@ -121,7 +172,11 @@ def checkpoint_config_not_plain_data(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
     `torch.save` of a dict that holds an `argparse.Namespace`, a dataclass instance or another
-    custom object (typically the run's config) next to the weights.
+    custom object (typically the run's config) next to the weights. Helpers count: a
+    parameter is what every call site passes for it, or what its annotation says
+    (`cfg: TrainConfig`), and a save wrapper (`save_on_master(obj, path)`,
+    `utils.save_checkpoint(state, ...)`, also in another project file) saves the dict its
+    call site passes.
 
     ## Why it is wrong
     Since PyTorch 2.6, `torch.load` defaults to `weights_only=True`, which only unpickles
@@ -140,43 +195,45 @@ def checkpoint_config_not_plain_data(facts: Facts) -> Iterator[Hit]:
     Store plain data: `vars(args)` for a Namespace, `dataclasses.asdict(cfg)` for a dataclass.
     """
     unsafe_loading = _loads_unsafely(facts)
-    for call in facts.calls_to(*SAVE):
-        if not call.args:
+    saved = [v for c in facts.calls_to(*SAVE) if c.args for v in _dict_values(facts, c.args[0])]
+    seen: set[ast.expr] = set()
+    for value in [*saved, *_saved_through_wrappers(facts)]:
+        if value in seen:
             continue
-        for value in _dict_values(facts, call.args[0]):
-            found = _config_object(facts, value)
-            if found is None:
-                continue
-            kind, class_name = found
-            if _allow_listed(facts, class_name):
-                continue
-            text = facts.source.segment(value)
-            fix = None
-            applicability = "unsafe" if unsafe_loading else "safe"
-            if kind == "namespace":
-                fix = Fix(
-                    applicability,
-                    f"Store `vars({text})`",
-                    (  # type: ignore[arg-type]
-                        replace_node(facts, value, f"vars({text})"),
-                    ),
-                )
-            elif kind == "dataclass":
-                asdict, import_edits = _asdict_spelling(facts)
-                fix = Fix(
-                    applicability,
-                    f"Store `{asdict}({text})`",
-                    (  # type: ignore[arg-type]
-                        *import_edits,
-                        replace_node(facts, value, f"{asdict}({text})"),
-                    ),
-                )
-            yield Hit(
-                value,
-                f"checkpoint stores `{text}` ({class_name} object), which "
-                "`torch.load(weights_only=True)` (the default since PyTorch 2.6) refuses to load",
-                fix,
+        seen.add(value)
+        found = _config_object(facts, value)
+        if found is None:
+            continue
+        kind, class_name = found
+        if _allow_listed(facts, class_name):
+            continue
+        text = facts.source.segment(value)
+        fix = None
+        applicability = "unsafe" if unsafe_loading else "safe"
+        if kind == "namespace":
+            fix = Fix(
+                applicability,
+                f"Store `vars({text})`",
+                (  # type: ignore[arg-type]
+                    replace_node(facts, value, f"vars({text})"),
+                ),
             )
+        elif kind == "dataclass":
+            asdict, import_edits = _asdict_spelling(facts)
+            fix = Fix(
+                applicability,
+                f"Store `{asdict}({text})`",
+                (  # type: ignore[arg-type]
+                    *import_edits,
+                    replace_node(facts, value, f"{asdict}({text})"),
+                ),
+            )
+        yield Hit(
+            value,
+            f"checkpoint stores `{text}` ({class_name} object), which "
+            "`torch.load(weights_only=True)` (the default since PyTorch 2.6) refuses to load",
+            fix,
+        )
 
 
 # Reading a loaded value through these keeps looking at the same object.
@@ -233,11 +290,20 @@ def _value_use(facts: Facts, node: ast.AST, depth: int) -> str:
     if isinstance(parent, ast.Call):  # the loaded object is called: a pickled module
         return "state"
     if isinstance(parent, (ast.For, ast.comprehension)) and node is parent.iter:
+        # Iterating the loaded dict is reading it, unless the items go on to be restored
+        # (`for k, v in ckpt["ema"].items(): new[k] = v` then `load_state_dict(new)`).
+        if isinstance(parent, ast.For) and depth < 3:
+            targets = [n.id for n in ast.walk(parent.target) if isinstance(n, ast.Name)]
+            uses = [use for name in targets for use in facts.uses_of(parent, name)]
+            if any(_value_use(facts, use, depth + 1) == "state" for use in uses):
+                return "state"
         return "data"
     if isinstance(parent, (ast.BinOp, ast.Compare, ast.FormattedValue, ast.UnaryOp)):
         return "data"
     if isinstance(parent, ast.Assign) and len(parent.targets) == 1 and depth < 3:
         target = parent.targets[0]
+        if _restored_container(facts, target, depth):
+            return "state"
         names = [target] if isinstance(target, ast.Name) else []
         if isinstance(target, (ast.Tuple, ast.List)):
             names = [e for e in target.elts if isinstance(e, ast.Name)]
@@ -254,6 +320,20 @@ def _value_use(facts: Facts, node: ast.AST, depth: int) -> str:
                 return answer
         return "data"
     return "unknown"
+
+
+def _restored_container(facts: Facts, target: ast.expr, depth: int) -> bool:
+    """`target` is `container[key]` of a local dict that is later restored into a module
+    (`new_state_dict[name] = v` ... `model.load_state_dict(new_state_dict)`)."""
+    if not isinstance(target, ast.Subscript) or not isinstance(target.value, ast.Name):
+        return False
+    binding = facts.reaching_assignment(target.value)
+    if binding is None:
+        return False
+    uses = facts.uses_of(binding.stmt, target.value.id)
+    return any(
+        use is not target.value and _value_use(facts, use, depth + 1) == "state" for use in uses
+    )
 
 
 def _path_key(facts: Facts, expr: ast.AST | None) -> str | None:
@@ -429,6 +509,26 @@ def _stateless_sgd(facts: Facts, call: ast.Call, detail: str) -> bool:
     return len(call.args) < 3
 
 
+def _checkpoint_saves(facts: Facts) -> Iterator[tuple[ast.Call, ast.expr]]:
+    """(call, saved object) for every `torch.save(obj, ...)` here and every call of a save
+    wrapper (`save_checkpoint({...}, is_best)`, here or in another project file) whose summary
+    says it passes that parameter to `torch.save`."""
+    for call in facts.calls_to(*SAVE):
+        if call.args:
+            yield call, call.args[0]
+    if not facts.calls_to(*SAVE) and not facts.imports_project_modules:
+        return
+    for call in facts.project_calls:
+        asked = facts.call_summary(call)
+        if asked is None:
+            continue
+        summary, bound, _owner = asked
+        for name in summary.saves:
+            argument = bound.get(name)
+            if argument is not None:
+                yield call, argument
+
+
 @rule(
     "TL304",
     "checkpoint-missing-training-state",
@@ -439,9 +539,10 @@ def checkpoint_missing_training_state(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
     In a training script (one that builds an optimizer), `torch.save` of a dict checkpoint
-    that holds the model's `state_dict()` but not the optimizer's — nor the scheduler's or the
-    GradScaler's when the script has them. Plain SGD without momentum keeps no state and is
-    not reported for the optimizer.
+    (directly, or through a save wrapper it is handed to) that holds the model's
+    `state_dict()` but not the optimizer's — nor the scheduler's or the GradScaler's when the
+    script has them. Plain SGD without momentum keeps no state and is not reported for the
+    optimizer, and neither is one export written once after the training loop has ended.
 
     ## Why it is wrong
     Resuming from such a checkpoint restarts Adam's moment estimates (or SGD's momentum) from
@@ -461,9 +562,9 @@ def checkpoint_missing_training_state(facts: Facts) -> Iterator[Hit]:
     constructed = {kind: _constructed(facts, kind) for kind in ("optimizer", "scheduler", "scaler")}
     if not constructed["optimizer"]:
         return
-    for call in facts.calls_to(*SAVE):
-        if not call.args:
-            continue
+    for call, saved in _checkpoint_saves(facts):
+        if facts.after_training(call):
+            continue  # one export once training is over: nothing resumes from it
         # Only objects built where this save can see them: its own function or module level.
         visible = (facts.scope(call), facts.tree)
         local = {
@@ -475,7 +576,7 @@ def checkpoint_missing_training_state(facts: Facts) -> Iterator[Hit]:
             "scheduler": bool(local["scheduler"]),
             "scaler": bool(local["scaler"]),
         }
-        values = _dict_values(facts, call.args[0])
+        values = _dict_values(facts, saved)
         owners = [_state_dict_owner(facts, v) for v in values]
         kinds = {
             (facts.kind_of(owner).kind if facts.kind_of(owner) else "")
@@ -614,6 +715,83 @@ def _reported_after(facts: Facts, statement: ast.stmt, state: ast.AST) -> bool:
     )
 
 
+def _reads_state_of(facts: Facts, expr: ast.AST, owner: str, depth: int = 0) -> bool:
+    """`expr` is computed from `owner`'s whole `state_dict()` (its key set, or its items
+    walked one by one), through local names and loop targets (`for key, v in
+    model.state_dict().items()`). Looking up chosen keys (`state[k]` for a fixed list) checks
+    only those, so it does not count."""
+    if depth > 4:
+        return False
+    for node in ast.walk(expr):
+        parent = facts.parents.get(node)
+        if isinstance(parent, ast.Subscript) and parent.value is node:
+            continue
+        if isinstance(node, ast.Call) and facts.method_name(node) == "state_dict":
+            root = facts.module_root(facts.receiver(node)) or ""
+            if root == owner or root.startswith(owner + ".") or owner.startswith(root + "."):
+                return True
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            assignment = facts.reaching_assignment(node)
+            if assignment is None:
+                continue
+            source = assignment.loop.iter if assignment.loop is not None else assignment.value
+            if source is not None and _reads_state_of(facts, source, owner, depth + 1):
+                return True
+    return False
+
+
+def _checked_against_model_before(facts: Facts, load: ast.Call) -> bool:
+    """Before `load`, in its function, an `if` compares something with the target module's
+    own `state_dict()` and reports (or raises) when they differ: the YOLOX-style loop that
+    logs every key missing from the checkpoint or with another shape, or a logged set
+    difference of the keys. The mismatches are then already known when strict=False hides
+    them."""
+    owner = facts.module_root(facts.receiver(load))
+    if owner is None:
+        return False
+    scope = facts.scope(load)
+    for node in facts.walk_local(scope):
+        if not isinstance(node, ast.If) or node.lineno >= load.lineno:
+            continue
+        reports = any(
+            isinstance(inner, (ast.Raise, ast.Assert))
+            or (
+                isinstance(inner, ast.Call)
+                and (
+                    getattr(inner.func, "id", None) in _REPORTERS
+                    or getattr(inner.func, "attr", None) in _REPORTERS
+                )
+            )
+            for statement in node.body
+            for inner in ast.walk(statement)
+        )
+        if (
+            reports
+            and _before_on_path(facts, node, load)
+            and _reads_state_of(facts, node.test, owner)
+        ):
+            return True
+    return False
+
+
+def _before_on_path(facts: Facts, earlier: ast.stmt, later: ast.AST) -> bool:
+    """`earlier` runs before `later` on the way to it: their branches meet in one statement
+    list (not the two arms of an `if`, or a `try` body and its handler)."""
+    chain: list[ast.AST] = []
+    node: ast.AST | None = earlier
+    while node is not None and not facts.is_inside(later, node):
+        chain.append(node)
+        node = facts.parents.get(node)
+    if node is None or not chain:
+        return False
+    top = chain[-1]  # the statement holding `earlier` directly under the common ancestor
+    for name in ("body", "orelse", "finalbody"):
+        block = getattr(node, name, None)
+        if isinstance(block, list) and any(item is top for item in block):
+            return any(facts.is_inside(later, item) for item in block)
+    return False
+
+
 @rule(
     "TL306",
     "load-state-dict-not-strict-unchecked",
@@ -625,8 +803,10 @@ def load_state_dict_not_strict_unchecked(facts: Facts) -> Iterator[Hit]:
     ## What it catches
     `model.load_state_dict(state, strict=False)` used as a statement, so the returned
     missing and unexpected keys are thrown away. Not reported when the keys were filtered to
-    the model's own first (`{k: v for k, v in sd.items() if k in model.state_dict()}`) or the
-    next statement reports on what was loaded (`print(f"loaded {len(state)} tensors")`).
+    the model's own first (`{k: v for k, v in sd.items() if k in model.state_dict()}`), the
+    next statement reports on what was loaded (`print(f"loaded {len(state)} tensors")`), or
+    the code compared the checkpoint with all of the model's keys beforehand and logged what
+    differs.
 
     ## Why it is wrong
     `strict=False` turns every key mismatch into silence. A renamed layer, a `module.` prefix
@@ -657,6 +837,8 @@ def load_state_dict_not_strict_unchecked(facts: Facts) -> Iterator[Hit]:
         if state is not None and (
             _filtered_to_own_keys(facts, state) or _reported_after(facts, statement, state)
         ):
+            continue
+        if _checked_against_model_before(facts, call):
             continue
         yield Hit(
             call,

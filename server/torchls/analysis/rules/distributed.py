@@ -12,34 +12,14 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 from torchls.analysis.facts import Facts, FunctionNode
 from torchls.analysis.findings import Fix
-from torchls.analysis.ranks import identifier, mentions_rank
+from torchls.analysis.ranks import COLLECTIVE_QUALNAMES, identifier, mentions_rank
 from torchls.analysis.registry import Hit, rule
-from torchls.analysis.rules._edits import insert_line_before
-from torchls.analysis.rules.optimization import method_calls, owns_lines
+from torchls.analysis.rules._edits import delete_statement_line, insert_line_before
 
-COLLECTIVES = {
-    "barrier",
-    "monitored_barrier",
-    "all_reduce",
-    "all_gather",
-    "all_gather_object",
-    "all_gather_into_tensor",
-    "reduce",
-    "reduce_scatter",
-    "reduce_scatter_tensor",
-    "broadcast",
-    "broadcast_object_list",
-    "gather",
-    "gather_object",
-    "scatter",
-    "scatter_object_list",
-    "all_to_all",
-    "all_to_all_single",
-}
-COLLECTIVE_QUALNAMES = {f"torch.distributed.{name}" for name in COLLECTIVES}
 # Position of the `group` parameter: a collective on a sub-group is meant for its members only.
 GROUP_POSITION = {
     "barrier": 0,
@@ -76,6 +56,9 @@ SAMPLERS = {
     "torch.utils.data.DistributedSampler",
 }
 MAX_DEPTH = 3
+# Library wrappers whose returned loader sets the sampler's epoch on every `iter()`
+# (Accelerate's DataLoaderShard, Lightning Fabric's _FabricDataLoader).
+EPOCH_SETTING_WRAPPERS = {"prepare", "prepare_data_loader", "setup_dataloaders"}
 
 
 # ---------------------------------------------------------------------- rank vocabulary
@@ -154,9 +137,12 @@ def collective_in_rank_branch(facts: Facts) -> Iterator[Hit]:
     A `torch.distributed` collective (`barrier`, `all_reduce`, `broadcast`, `all_gather`,
     `reduce`, `gather`, `scatter`, ...) that only runs inside an `if rank == 0:`-style branch
     (`dist.get_rank() == 0`, `local_rank != 0`, `is_main_process()`, ...), in a function
-    decorated `@rank_zero_only`, or in a helper only called from such branches. The
-    "first process downloads, the others wait" idiom (a barrier in each of two complementary
-    branches) and collectives under non-rank conditions are not reported.
+    decorated `@rank_zero_only`, or in a helper only called from such branches; and a call
+    made under such a branch of a helper (in this file or another) that reaches a collective,
+    even when the helper is also called on every rank elsewhere. The "first process
+    downloads, the others wait" idiom (a barrier in each of two complementary branches),
+    collectives under non-rank conditions and collectives a parameter switches on
+    (`if use_barrier:`) that the call leaves off are not reported.
 
     ## Why it is wrong
     A collective completes only when every rank of the group calls it. If rank 0 alone
@@ -195,6 +181,8 @@ def collective_in_rank_branch(facts: Facts) -> Iterator[Hit]:
         ):
             continue  # the other ranks call it elsewhere (the download-then-wait idiom)
         where, how = found
+        if how == "caller" and _switched_off_at_every_site(facts, call):
+            continue
         name = facts.source.segment(call.func)
         if how == "branch":
             test = facts.source.segment(where.test)  # type: ignore[attr-defined]
@@ -208,6 +196,67 @@ def collective_in_rank_branch(facts: Facts) -> Iterator[Hit]:
             f"`{name}` is a collective that every rank must call, but it runs only {detail}: "
             "the ranks that skip it leave this one waiting forever",
         )
+    yield from _helper_collectives_in_rank_branch(facts, collectives)
+
+
+def _helper_collectives_in_rank_branch(facts: Facts, collectives: list[ast.Call]) -> Iterator[Hit]:
+    """A call of a helper whose summary reaches a collective, made under a rank check: on
+    that path only some ranks get there, even when the helper is also called on every rank
+    elsewhere. Quiet when the other ranks call it (or a collective) in another rank branch
+    (the download-then-wait idiom), and when every call of an in-file helper is under a rank
+    check (the collective itself is reported in the helper then)."""
+    for call in facts.project_calls:
+        asked = facts.call_summary(call)
+        if asked is None or not asked[0].collective:
+            continue
+        if not asked[0].reaches_collective(call, facts.callee(call)[2]):  # type: ignore[index]
+            continue
+        branch = _rank_branch(facts, call)
+        if branch is None:
+            continue
+        owner, function, _ = facts.callee(call)  # type: ignore[misc]
+        if _decorated_rank_zero(function):
+            continue
+        same = [c for c in facts.calls if c is not call and _same_callee(facts, c, function)]
+        direct = any(
+            facts.call_qualname(c) in COLLECTIVE_QUALNAMES for c in facts.calls_in(function)
+        )
+        if owner is facts and direct and all(_rank_branch(facts, c) is not None for c in same):
+            continue  # reported at the collective itself ("only called under a rank check")
+        others = [*same, *collectives]
+        if any(
+            _rank_branch(facts, c) is not None and not _inside_branch(facts, c, branch)
+            for c in others
+        ):
+            continue
+        test = facts.source.segment(branch[0].test)
+        name = facts.source.segment(call.func)
+        yield Hit(
+            call,
+            f"`{name}(...)` reaches a collective that every rank must call, but this call runs "
+            f"only inside `if {test}:` (line {branch[0].lineno}): the ranks that skip it leave "
+            "this one waiting forever",
+        )
+
+
+def _switched_off_at_every_site(facts: Facts, collective: ast.Call) -> bool:
+    """The helper holding `collective` only reaches it when a parameter switches it on, and
+    every call of the helper leaves that switch off (`merge(sd, sync=False)` by default)."""
+    function = facts.enclosing_function(collective)
+    if function is None:
+        return False
+    summary = facts.summary(function)
+    sites = facts.call_sites(function)
+    if not summary.collective or not summary.collective_switches:
+        return False
+    return bool(sites) and not any(
+        summary.reaches_collective(site, isinstance(site.func, ast.Attribute)) for site in sites
+    )
+
+
+def _same_callee(facts: Facts, call: ast.Call, function: FunctionNode) -> bool:
+    target = facts.callee(call)
+    return target is not None and target[1] is function
 
 
 # ---------------------------------------------------------------------- TL802
@@ -233,8 +282,13 @@ def _loader_of(facts: Facts, sampler: ast.Call, sampler_key: str | None) -> ast.
             if keyword.arg != "sampler":
                 continue
             value = keyword.value
-            if value is sampler or (sampler_key is not None and facts.key(value) == sampler_key):
+            if value is sampler:
                 return call
+            # By name only in the sampler's own scope: `sampler` in another function is
+            # another sampler.
+            if sampler_key is not None and facts.key(value) == sampler_key:
+                if sampler_key.startswith("self.") or facts.scope(call) is facts.scope(sampler):
+                    return call
     return None
 
 
@@ -276,8 +330,49 @@ def _epoch_loop_using(facts: Facts, loader_key: str, scope: ast.AST) -> ast.AST 
     return None
 
 
+def _reiterated_by_hand(facts: Facts, loop: ast.AST, loader_key: str) -> bool:
+    """The loop restarts the loader with `iter(loader)` when it runs out (a step loop, not an
+    epoch loop): where the epoch changes is the user's call, so no fix is offered."""
+    return any(
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "iter"
+        and any(facts.key(a) == loader_key for a in node.args)
+        for node in facts.walk_local(loop)
+    )
+
+
+def _prepared_by_library(facts: Facts, loader_key: str, scope: ast.AST) -> bool:
+    """The loader is handed to Accelerate's `prepare` or Fabric's `setup_dataloaders`: the
+    loader they return calls `set_epoch` on its sampler at every new iteration itself."""
+    for node in facts.walk_local(scope):
+        if isinstance(node, ast.Call) and facts.method_name(node) in EPOCH_SETTING_WRAPPERS:
+            if any(facts.key(a) == loader_key for a in node.args):
+                return True
+    return False
+
+
+def _loader_aliases(facts: Facts, loader_key: str, scope: ast.AST) -> list[str]:
+    """`loader_key` and the names it is handed to through wrappers that return it
+    (`train_loader = backend.distribute(loader)`), in its scope. Library wrappers that set the
+    epoch themselves (`accelerator.prepare`, Fabric's `setup_dataloaders`) are not wrappers
+    here: their loaders call `set_epoch` on every new iteration."""
+    keys = [loader_key]
+    for node in facts.walk_local(scope):
+        if not isinstance(node, ast.Assign) or len(node.targets) != 1:
+            continue
+        if not isinstance(node.value, ast.Call):
+            continue
+        for argument in facts.returned_arguments(node.value):
+            if facts.key(argument) in keys:
+                alias = facts.key(node.targets[0])
+                if alias is not None and alias not in keys:
+                    keys.append(alias)
+    return keys
+
+
 def _set_epoch_calls(facts: Facts) -> list[ast.Call]:
-    return method_calls(facts, "set_epoch")
+    return facts.method_calls("set_epoch")
 
 
 @rule(
@@ -292,8 +387,12 @@ def sampler_without_set_epoch(facts: Facts) -> Iterator[Hit]:
     ## What it catches
     A shuffling `DistributedSampler` whose `DataLoader` is iterated in an epoch loop, while
     nothing in the file calls `set_epoch` on the sampler (`sampler.set_epoch(epoch)` or
-    `loader.sampler.set_epoch(epoch)`). Samplers built with `shuffle=False` (evaluation) and
-    loaders named like validation/test ones are not reported.
+    `loader.sampler.set_epoch(epoch)`). The loader may reach the loop through a project
+    wrapper that returns it (`backend.distribute(loader)`), a factory, or a constructor
+    parameter stored on `self` and iterated in a method the epoch loop calls. Samplers built
+    with `shuffle=False` (evaluation), loaders named like validation/test ones, and loaders
+    handed to Accelerate's `prepare` or Fabric's `setup_dataloaders` (they set the epoch on
+    every iteration) are not reported.
 
     ## Why it is wrong
     `DistributedSampler` seeds its shuffle with `seed + epoch`, and the epoch only changes
@@ -314,7 +413,11 @@ def sampler_without_set_epoch(facts: Facts) -> Iterator[Hit]:
     The quick fix inserts it; it is unsafe because it changes the data order.
     """
     found = [_distributed_loader(facts, sampler) for sampler in facts.calls_to(*SAMPLERS)]
+    aliases = {
+        id(item): _loader_aliases(facts, item[3], facts.scope(item[4])) for item in found if item
+    }
     known = {key for item in found if item for key in (item[1], f"{item[3]}.sampler") if key}
+    known |= {f"{alias}.sampler" for keys in aliases.values() for alias in keys}
     told = {facts.key(facts.receiver(c)) for c in _set_epoch_calls(facts)}
     for item in found:
         if item is None:
@@ -324,10 +427,18 @@ def sampler_without_set_epoch(facts: Facts) -> Iterator[Hit]:
             continue
         if re.search(r"val|test|eval|dev", f"{sampler_key or ''} {loader_key}".lower()):
             continue
-        if told & {sampler_key, f"{loader_key}.sampler"} or any(k not in known for k in told):
+        names = {sampler_key, *(f"{alias}.sampler" for alias in aliases[id(item)])}
+        if told & names or any(k not in known for k in told):
             continue  # told, or a set_epoch we cannot rule out (through a helper's parameter)
         scope = facts.scope(loader)
-        epoch_loop = _epoch_loop_using(facts, loader_key, scope)
+        if _prepared_by_library(facts, loader_key, scope):
+            continue
+        epoch_loop = None
+        for key in aliases[id(item)]:
+            epoch_loop = _epoch_loop_using(facts, key, scope)
+            if epoch_loop is not None:
+                loader_key = key
+                break
         if epoch_loop is None or facts.is_inside(sampler, epoch_loop):
             continue
         yield Hit(
@@ -335,8 +446,105 @@ def sampler_without_set_epoch(facts: Facts) -> Iterator[Hit]:
             f"`{facts.source.segment(sampler.func)}` shuffles, but `set_epoch` is never called "
             f"on it: `{loader_key}` yields the same order every epoch (loop on line "
             f"{epoch_loop.lineno}); call `.set_epoch(epoch)` at the start of each epoch",
-            _insert_set_epoch(facts, epoch_loop, sampler_key, assignment, loader_key, scope),
+            None
+            if _reiterated_by_hand(facts, epoch_loop, loader_key)
+            else _insert_set_epoch(facts, epoch_loop, sampler_key, assignment, loader_key, scope),
         )
+    if not told:
+        reported = {item[0] for item in found if item}
+        yield from _loaders_reached_through_values(facts, reported)
+
+
+def _loaders_reached_through_values(facts: Facts, reported: set[ast.Call]) -> Iterator[Hit]:
+    """Batch loops over a loader that comes from far away: a factory's return value, a
+    constructor parameter stored on `self` (`Trainer(model, train_data, ...)`, iterated in
+    `self._run_epoch`), a wrapper that returns it. Reported at the loop when the loader was
+    built with a shuffling DistributedSampler, the loop runs once per epoch (inside a loop, or
+    in a function called from one) and nothing in the file calls `set_epoch`."""
+    seen: set[ast.AST] = set()
+    for loop, role in facts.batch_loops.items():
+        if role == "eval" or not isinstance(loop, (ast.For, ast.AsyncFor)):
+            continue
+        iterable = loop.iter
+        built = _constructed_loader(facts, iterable)
+        if built is None:
+            continue
+        owner, loader = built
+        sampler = _sampler_of(owner, loader)
+        if sampler is None or sampler in reported or sampler in seen:
+            continue
+        if not _shuffles(owner, sampler):
+            continue
+        key = facts.key(iterable) or ""
+        if re.search(r"val|test|eval|dev", key.lower()):
+            continue
+        epoch_loop = _epoch_context(facts, loop)
+        if epoch_loop is None:
+            continue
+        seen.add(sampler)
+        where = f"line {sampler.lineno}"
+        if owner is not facts:
+            where = f"{Path(owner.filename).name}, line {sampler.lineno}"
+        yield Hit(
+            iterable,
+            f"`{facts.source.segment(iterable)}` is loaded through a shuffling "
+            f"`{owner.source.segment(sampler.func)}` ({where}), but `set_epoch` is never "
+            f"called on it: every epoch (loop on line {epoch_loop.lineno}) yields the same "
+            "order; call `.sampler.set_epoch(epoch)` at the start of each epoch",
+        )
+
+
+def _constructed_loader(
+    facts: Facts, expr: ast.AST | None, depth: int = 0
+) -> tuple[Facts, ast.Call] | None:
+    """The `DataLoader(...)` call `expr` holds, through names, parameters bound at every call
+    site, single-valued `self` attributes, factory returns and argument-returning wrappers."""
+    if expr is None or depth > MAX_DEPTH * 2:
+        return None
+    if isinstance(expr, ast.Call):
+        kind = facts.kind_of(expr)
+        if kind is not None and kind.kind == "loader" and kind.node is expr:
+            return facts, expr
+        returns = facts.function_returns(expr)
+        if returns is not None and len(returns) == 1:
+            owner, returned = returns[0]
+            return _constructed_loader(owner, returned, depth + 1)
+        handed_back = facts.returned_arguments(expr)
+        if len(handed_back) == 1:
+            return _constructed_loader(facts, handed_back[0], depth + 1)
+        return None
+    if isinstance(expr, ast.Name):
+        return _constructed_loader(facts, facts.binding_value(expr), depth + 1)
+    if isinstance(expr, ast.Attribute):
+        values = facts.self_attribute_values(expr)
+        if len(values) == 1:
+            return _constructed_loader(facts, values[0], depth + 1)
+    return None
+
+
+def _sampler_of(facts: Facts, loader: ast.Call) -> ast.Call | None:
+    value = next((k.value for k in loader.keywords if k.arg == "sampler"), None)
+    if isinstance(value, ast.Name):
+        value = facts.binding_value(value)
+    if isinstance(value, ast.Call) and facts.call_qualname(value) in SAMPLERS:
+        return value
+    return None
+
+
+def _epoch_context(facts: Facts, loop: ast.AST) -> ast.AST | None:
+    """The loop that runs `loop` once per epoch: one around it in its function, or one around
+    every in-file call of its function."""
+    outer = [other for other in facts.enclosing_loops(loop) if other is not loop]
+    if outer:
+        return outer[0]
+    function = facts.enclosing_function(loop)
+    if function is None:
+        return None
+    sites = facts.call_sites(function)
+    loops = [facts.enclosing_loops(site) for site in sites]
+    if sites and all(loops):
+        return loops[0][0]
+    return None
 
 
 def _distributed_loader(
@@ -347,6 +555,8 @@ def _distributed_loader(
     sampler_key, assignment = _sampler_binding(facts, sampler)
     loader = _loader_of(facts, sampler, sampler_key)
     statement = facts.parents.get(loader) if loader is not None else None
+    if isinstance(statement, ast.Call) and loader in facts.returned_arguments(statement):
+        statement = facts.parents.get(statement)  # `backend.distribute(DataLoader(...))`
     if loader is None or not isinstance(statement, ast.Assign) or len(statement.targets) != 1:
         return None
     loader_key = facts.key(statement.targets[0])
@@ -378,7 +588,7 @@ def _insert_set_epoch(
     if epoch == "_":
         return None
     first = loop.body[0]
-    if not owns_lines(facts, first) or first.lineno == loop.lineno:
+    if delete_statement_line(facts, first) is None or first.lineno == loop.lineno:
         return None
     if sampler_key is not None:
         if assignment is None:

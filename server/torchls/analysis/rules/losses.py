@@ -166,8 +166,12 @@ def softmax_before_cross_entropy(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
     The input of `nn.CrossEntropyLoss` / `F.cross_entropy` is already a softmax (or
-    log-softmax, or `exp(log_softmax(...))`) output: directly, through local variables, or
-    because the model's `forward` (or an `nn.Sequential`) ends in a softmax.
+    log-softmax, or `exp(log_softmax(...))`) output: directly, through local variables and
+    shape-only methods (`.view()`, `.reshape()`, `.squeeze()`), through a helper's parameter
+    (a cross-entropy wrapper, an `nn.Sequential` head passed to a custom module), or because
+    the model's `forward` (or an `nn.Sequential`) ends in a softmax, also in another project
+    file. A loss passed as a default argument counts; a loss name bound to different kinds on
+    different paths (CTC in one branch, cross-entropy in the other) is not reported.
 
     ## Why it is wrong
     Cross-entropy applies `log_softmax` to its input itself. Feeding it probabilities squashes

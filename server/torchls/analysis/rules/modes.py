@@ -27,8 +27,9 @@ def modes_of(facts: Facts) -> ModeAnalysis:
 
 
 def evaluation_context(facts: Facts, call: ast.Call) -> ast.AST | None:
-    """The evaluation loop `call` runs in, if any: a loop over a val/test loader, or the
-    outermost loop of a function named like validate/evaluate/test. A context that calls
+    """The evaluation loop `call` runs in, if any: a loop over a val/test loader, the
+    outermost loop of a function named like validate/evaluate/test, or a loop that behaves
+    like evaluation whatever its names (see `_evaluates_by_behaviour`). A context that calls
     backward() is training (test-time adaptation, say), not evaluation."""
     loops = facts.enclosing_loops(call)
     if not loops:
@@ -36,14 +37,90 @@ def evaluation_context(facts: Facts, call: ast.Call) -> ast.AST | None:
     context = next((loop for loop in loops if facts.batch_loops.get(loop) == "eval"), None)
     if context is None:
         function = facts.enclosing_function(call)
-        if function is None or not EVAL_FUNCTION_RE.match(function.name):
+        if function is None:
             return None
-        if facts.node_reaches(function, facts.is_backward):
+        if _function_trains(facts, function):
             return None
-        context = loops[-1]
+        if EVAL_FUNCTION_RE.match(function.name) or _evaluates_by_behaviour(
+            facts, call, loops[-1], function
+        ):
+            context = loops[-1]
+        else:
+            return None
     if facts.node_reaches(context, facts.is_backward):
         return None
     return context
+
+
+def _trainer(facts: Facts):
+    """A predicate for what makes a path a training path: backward() or an optimizer step
+    (an environment's `env.step(action)` is not one)."""
+
+    def trains(call: ast.Call) -> bool:
+        return facts.is_backward(call) or facts.optimizer_of_step(call) is not None
+
+    return trains
+
+
+def _function_trains(facts: Facts, function: ast.AST) -> bool:
+    """`function` (or what it calls) backwards or steps an optimizer; asked once per
+    function, for every model call in its loops."""
+    cache = getattr(facts, "_function_trains", None)
+    if cache is None:
+        cache = facts._function_trains = {}  # type: ignore[attr-defined]
+    found = cache.get(function)
+    if found is None:
+        found = cache[function] = facts.node_reaches(function, _trainer(facts))
+    return found
+
+
+def _evaluates_by_behaviour(facts: Facts, call: ast.Call, loop: ast.AST, function: ast.AST) -> bool:
+    """A loop that runs the model the way evaluation does, names aside: in a function that
+    never trains (no backward, no step) and is never run on a training path (no call of it
+    sits in a training loop, or in a step function that backwards), the loop feeds the model
+    with what it iterates (`for x, y in data: model(x)`), or feeds the model's outputs back
+    into it (greedy decoding: `y = model.decoder(y, state)` around the loop)."""
+    if not isinstance(loop, (ast.For, ast.AsyncFor)) or _on_training_path(facts, function):
+        return False
+    targets = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
+    arguments = [*call.args, *(k.value for k in call.keywords)]
+    names = {n.id for a in arguments for n in ast.walk(a) if isinstance(n, ast.Name)}
+    if targets & names:
+        return True
+    scope = facts.scope(call)
+    for name in names:
+        for assignment in facts.assignments_of(name, scope):  # type: ignore[arg-type]
+            statement = assignment.stmt
+            if (
+                assignment.value is not None
+                and statement.lineno > call.lineno
+                and facts.is_inside(statement, loop)
+                and any(
+                    facts.is_inside(forward, loop)
+                    for forward in facts.graph_forwards(assignment.value)
+                )
+            ):
+                return True  # flows around the loop's back edge into the next call
+    return False
+
+
+def _on_training_path(facts: Facts, function: ast.AST, depth: int = 0) -> bool:
+    """Some call of `function` runs inside a training loop, or in a step function that
+    trains, directly or through its callers: an inference helper used while training."""
+    if depth > 3:
+        return True
+    for site in facts.call_sites(function):  # type: ignore[arg-type]
+        if any(loop in facts.training_loops for loop in facts.enclosing_loops(site)):
+            return True
+        caller = facts.enclosing_function(site)
+        if caller is None:
+            continue
+        loops_in_caller = any(facts.is_inside(loop, caller) for loop in facts.loops)
+        if not loops_in_caller and _function_trains(facts, caller):
+            return True  # a step function that backwards
+        if _on_training_path(facts, caller, depth + 1):
+            return True
+    return False
 
 
 def _model_calls_in_eval(facts: Facts) -> Iterator[tuple[ast.Call, ast.AST, str, frozenset]]:
@@ -72,9 +149,14 @@ def _model_calls_in_eval(facts: Facts) -> Iterator[tuple[ast.Call, ast.AST, str,
 def eval_without_eval_mode(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
-    An evaluation loop (a loop over a loader named val/valid/test/eval/dev, or a loop in a
-    function named like validate/evaluate/test) calls the model while the model is, on every
-    path that reaches it, still in training mode: `model.eval()` was never called.
+    An evaluation loop calls the model while the model is, on every path that reaches it,
+    still in training mode: `model.eval()` was never called, or a `train()` inside the loop
+    (directly or in a helper it calls) undoes it. Evaluation is recognised by behaviour: a
+    loop in a function that never backwards or steps an optimizer and is not run on a training
+    path, feeding the model what it iterates or the model's own outputs (greedy decoding);
+    a loader named val/test or a function named like validate/evaluate also counts. A helper
+    nobody in the file calls is judged by the file's habit: where other helpers put the model
+    they are given in eval() themselves, one that does not is reported.
 
     ## Why it is wrong
     In training mode dropout keeps dropping units and batch-norm normalises with the current
@@ -94,7 +176,28 @@ def eval_without_eval_mode(facts: Facts) -> Iterator[Hit]:
     resumes). The quick fix inserts `model.eval()`; it is unsafe because it changes results.
     """
     for call, context, key, modes in _model_calls_in_eval(facts):
-        if not modes or any(fact.mode != "train" for fact in modes):
+        undone = [
+            fact
+            for fact in modes
+            if fact.mode == "train"
+            and fact.setter is not None
+            and facts.is_inside(fact.setter, context)
+        ]
+        if undone and any(fact.mode == "eval" for fact in modes):
+            # eval() before the loop, but a train() inside it (maybe in a helper it calls)
+            # switches the model back for the following batches.
+            setter = min(undone, key=lambda f: (f.setter.lineno, f.setter.col_offset)).setter
+            yield Hit(
+                call,
+                f"`{key}` is switched back to training mode inside this evaluation loop (line "
+                f"{setter.lineno}): the following batches are evaluated with dropout and "
+                "batch-norm updates on",
+                None,
+            )
+            continue
+        # "default": nothing in sight ever put this model in eval mode, and a module is
+        # built in training mode.
+        if not modes or any(fact.mode not in ("train", "default") for fact in modes):
             continue
         edits = [insert_line_before(facts, context, f"{key}.eval()")]  # type: ignore[arg-type]
         if any(
@@ -187,9 +290,13 @@ def _wrap_in_no_grad(facts: Facts, loop: ast.AST) -> Fix | None:
 def train_mode_not_restored(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
-    `model.eval()` (directly or inside a helper such as `evaluate(model)`) runs inside the
-    epoch loop, while `model.train()` is called only before the loop: from the second epoch on,
-    the model trains in eval mode.
+    `model.eval()` (directly or inside a helper such as `evaluate(model)`, however deep, also
+    through an object such as `ctx.model`) runs inside the epoch loop, while `model.train()` is
+    called only before the loop: from the second epoch on, the model trains in eval mode. A
+    validation every N batches from inside the batch loop is reported the same way. Models the
+    loop does not train (a frozen teacher no optimizer there steps, or only run under
+    `no_grad`) and helpers that restore the mode they found (`was_training = model.training`
+    ... `model.train(was_training)`) are not reported.
 
     ## Why it is wrong
     In eval mode dropout is off and batch-norm uses frozen running statistics, so every epoch
@@ -214,9 +321,21 @@ def train_mode_not_restored(facts: Facts) -> Iterator[Hit]:
         loops = [loop for loop in facts.enclosing_loops(call) if loop in facts.training_loops]
         if not loops:
             continue
+        if not any(fact.mode == "eval" for fact in modes):
+            continue
+        if not facts.trains_model(loops[0], call.func):
+            continue  # a frozen teacher kept in eval() on purpose: this loop never trains it
         direct = {fact.setter for fact in modes if not fact.back_edge}
+        # A forward whose loss this loop backwards is meant to run in train mode: when it
+        # may also see eval() left by an earlier step of the same loop (a validation every N
+        # batches, in a helper), that eval() leaks into training even within one iteration.
+        leaks = _trains_forward(facts, loops[0], call) and any(
+            fact.mode in ("train", "default") for fact in modes
+        )
         for fact in modes:
-            if fact.mode != "eval" or not fact.back_edge or fact.setter in direct:
+            if fact.mode != "eval":
+                continue
+            if not leaks and (not fact.back_edge or fact.setter in direct):
                 continue
             setter = fact.setter
             if setter is None or id(setter) in reported:
@@ -231,12 +350,43 @@ def train_mode_not_restored(facts: Facts) -> Iterator[Hit]:
                 f"Insert `{key}.train()` at the start of the training loop",
                 (insert_line_before(facts, first, f"{key}.train()"),),
             )
+            statement = facts.enclosing_statement(setter)
+            if (
+                statement is not None
+                and facts.is_inside(statement, loops[0])
+                and facts.method_name(setter) not in ("eval", "train")
+                and (setter.lineno, setter.col_offset) < (call.lineno, call.col_offset)
+            ):
+                # eval() set inside the training loop itself (mid-epoch validation): switch
+                # back right after it, the top of the loop has already run.
+                fix = Fix(
+                    "unsafe",
+                    f"Insert `{key}.train()` after the call that leaves eval mode",
+                    (insert_line_after(facts, statement, f"{key}.train()"),),
+                )
             yield Hit(
                 setter,
                 f"`{key}` is put in eval mode here, inside the epoch loop, and "
                 f"`{key}.train()` is not called again before training (line {loops[0].lineno})",
                 fix,
             )
+
+
+def _trains_forward(facts: Facts, loop: ast.AST, call: ast.Call) -> bool:
+    """`call` is a forward pass whose graph a backward() in `loop` runs through."""
+    cache = getattr(facts, "_training_forwards", None)
+    if cache is None:
+        cache = facts._training_forwards = {}  # type: ignore[attr-defined]
+    forwards = cache.get(loop)
+    if forwards is None:
+        forwards = set()
+        for backward in facts.calls_in(loop):
+            if facts.is_backward(backward):
+                subject = facts.receiver(backward) or (backward.args[0] if backward.args else None)
+                if subject is not None:
+                    forwards |= facts.graph_forwards(subject)
+        cache[loop] = forwards
+    return call in forwards
 
 
 def _steps(facts: Facts) -> Iterator[tuple[ast.Call, ast.expr]]:

@@ -3,7 +3,8 @@
 In: the file's `Facts`. Out: hits for schedulers stepped in the wrong place or at the wrong
 rate, GradScaler steps without `update()`, clipping of still-scaled gradients, optimizers stepped
 twice, deprecated AMP entry points, `ReduceLROnPlateau.step()` without its metric, and clipping
-after the step. The statement-block helpers at the top are shared with `distributed.py`.
+after the step. Helpers of other files' functions are read from their summaries
+(`Facts.call_summary`): an engine module that steps the optimizer, a `train_step` elsewhere.
 """
 
 from __future__ import annotations
@@ -104,8 +105,11 @@ def loop_counters(facts: Facts, loop: ast.AST) -> set[str]:
     target = getattr(loop, "target", None)
     if target is not None:
         found |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
-    for node in facts.walk_local(loop):
-        if isinstance(node, ast.AugAssign):
+    # The scope's node list (built once by the facts) is much cheaper to filter than walking
+    # the loop's subtree again for every scheduler step asked about.
+    scope = loop if loop in facts.scope_nodes else facts.scope(loop)
+    for node in facts.scope_nodes.get(scope, ()):
+        if isinstance(node, ast.AugAssign) and facts.is_inside(node, loop):
             found |= names_in(node.target)
     return found
 
@@ -152,7 +156,18 @@ def _scheduler_optimizer_key(facts: Facts, constructors: list[ast.Call]) -> str 
 def training_batch_loop(facts: Facts, loop: ast.AST) -> bool:
     """A loop over a (non-evaluation) data loader that trains: it reaches backward()."""
     role = facts.batch_loops.get(loop)
-    return role is not None and role != "eval" and facts.node_reaches(loop, facts.is_backward)
+    if role is None or role == "eval":
+        return False
+    return facts.node_reaches(loop, facts.is_backward) or facts.node_reaches(
+        loop, lambda call: _backwards_in_other_file(facts, call)
+    )
+
+
+def _backwards_in_other_file(facts: Facts, call: ast.Call) -> bool:
+    """`call` runs a function of another project file that runs `backward()` (a `train_step`
+    in `engine.py`), as its summary says."""
+    asked = facts.call_summary(call)
+    return asked is not None and asked[2] is not facts and asked[0].backwards
 
 
 def _contains_training_batch_loop(facts: Facts, node: ast.AST) -> bool:
@@ -195,8 +210,9 @@ def scheduler_before_optimizer(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
     `scheduler.step()` called in a loop before that loop's `optimizer.step()` (directly or in a
-    helper such as `train_one_epoch(...)`): at the top of the epoch loop before the batches, or
-    at the top of the batch loop before the update.
+    helper such as `train_one_epoch(...)`, also one in another project module): at the top of
+    the epoch loop before the batches, at the top of the batch loop before the update, or at
+    the top of a helper that runs the batch loop itself.
 
     ## Why it is wrong
     Since PyTorch 1.1 the scheduler must be stepped *after* the optimizer. Stepping it first
@@ -221,7 +237,13 @@ def scheduler_before_optimizer(facts: Facts) -> Iterator[Hit]:
         if not is_scheduler_step(facts, call) or call.args or call.keywords:
             continue
         stmt = _statement_of_call(facts, call)
-        loops = facts.enclosing_loops(call)
+        loops: list[ast.AST] = list(facts.enclosing_loops(call))
+        if stmt is not None and not loops:
+            # At the top of a helper that runs the batch loop (`train_one_epoch`): the helper
+            # is one epoch, so its body plays the part of the epoch loop's.
+            function = facts.enclosing_function(call)
+            if function is not None and _contains_training_batch_loop(facts, function):
+                loops = [function]
         if stmt is None or not loops:
             continue
         found = scheduler_type(facts, facts.receiver(call))
@@ -231,7 +253,7 @@ def scheduler_before_optimizer(facts: Facts) -> Iterator[Hit]:
             def predicate(candidate: ast.Call) -> bool:
                 optimizer = facts.optimizer_of_step(candidate)
                 if optimizer is None:
-                    return False
+                    return _steps_in_other_file(facts, candidate)
                 key = facts.key(optimizer)
                 return wanted is None or key is None or key == wanted
 
@@ -256,6 +278,13 @@ def scheduler_before_optimizer(facts: Facts) -> Iterator[Hit]:
             "first value of the schedule is skipped; step the scheduler after the optimizer",
             fix,
         )
+
+
+def _steps_in_other_file(facts: Facts, call: ast.Call) -> bool:
+    """`call` runs a function of another project file whose summary steps an optimizer
+    (`engine.train_one_epoch(...)`); in-file helpers are followed by `node_reaches` itself."""
+    asked = facts.call_summary(call)
+    return asked is not None and asked[2] is not facts and asked[0].steps_optimizer
 
 
 def _scheduler_position(

@@ -1,0 +1,342 @@
+"""Per-function summaries: what a helper does, computed once per body, asked at call sites.
+
+Why: real training code hides the interesting calls in helpers (`save_on_master(obj, path)`,
+`utils.save_checkpoint(state, ...)`, `train_one_epoch(...)` in `engine.py`,
+`backend.distribute(loader)`). Rules used to re-walk those bodies from every call site, and
+only inside the same file. A summary says, in terms of the function's own parameters, what
+a call of it does, so a rule reads it at the call site and binds the parameters to the
+arguments there (`Facts.call_summary`).
+
+In: the `Facts` of the file defining a function and its node. Out: a `Summary` holding only
+names and flags (no syntax nodes), so it can be cached by the function's text:
+
+- `returns`: parameters returned as they are (or through receiver-returning methods): the
+  function is a wrapper that returns its argument;
+- `saves`: parameters passed as the object of `torch.save` (a save wrapper), `saves_values`:
+  parameters stored as a value of the dict that `torch.save` writes;
+- `steps_optimizer`, `zeroes_grad`, `backwards`: it (or what it calls) steps an optimizer,
+  clears gradients, runs `backward()`;
+- `runs_batch_loop`: it runs a training loop over a data loader;
+- `collective`: it reaches a `torch.distributed` collective on every rank it runs on (not
+  only under a rank check inside it, and not on a sub-group);
+- `returns_graph`: it returns a tensor still attached to the autograd graph it backwards
+  through (a `train_step` returning `loss` rather than `loss.item()`).
+
+Callees are followed (in the same file, and through the project index into other files) up to
+`MAX_DEPTH` calls deep, cycles cut. Caching: a summary is memoised per (file facts, function)
+for the life of that file version, and summaries of functions that call no other project
+function are kept in a process-wide table keyed by the function's text and its file's
+imports, so re-analysing an edited file does not re-walk unchanged helpers.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torchls.analysis.facts import Facts, FunctionNode
+
+MAX_DEPTH = 4
+_TEXT_CACHE_LIMIT = 4096
+_text_cache: dict[str, Summary] = {}
+_text_lock = threading.Lock()
+_SAVE = ("torch.save",)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What calling a function does, in terms of its parameters (see the module docstring)."""
+
+    params: tuple[str, ...]
+    vararg: str | None = None
+    kwarg: str | None = None
+    returns: frozenset[str] = frozenset()
+    saves: frozenset[str] = frozenset()
+    saves_values: frozenset[str] = frozenset()
+    steps_optimizer: bool = False
+    zeroes_grad: bool = False
+    backwards: bool = False
+    runs_batch_loop: bool = False
+    collective: bool = False
+    # Parameters that switch every reached collective on (`if use_barrier: dist.barrier()`),
+    # with those whose default is falsy: a call leaving them at that default reaches none.
+    collective_switches: frozenset[str] = frozenset()
+    falsy_defaults: frozenset[str] = frozenset()
+    returns_graph: bool = False
+
+    def reaches_collective(self, call: ast.Call, method: bool = False) -> bool:
+        """Whether calling it as `call` reaches a collective: not when every collective is
+        switched on by a parameter that this call leaves at a falsy default or sets to a
+        falsy constant (`get_merged_lora_ckpt(sd, rank=r)` with `use_barriers=False`)."""
+        if not self.collective:
+            return False
+        if not self.collective_switches:
+            return True
+        bound = self.bind(call, method)
+        for name in self.collective_switches:
+            value = bound.get(name)
+            if value is None and name not in self.falsy_defaults:
+                return True
+            if value is not None and not (isinstance(value, ast.Constant) and not value.value):
+                return True
+        return False
+
+    def bind(self, call: ast.Call, method: bool) -> dict[str, ast.expr]:
+        """Parameter name → argument expression at `call` (`method`: the callee's first
+        parameter is the receiver, bound by attribute access). Star-args forwarded by the
+        callee (`def save_on_master(*args, **kwargs): torch.save(*args, **kwargs)`) bind the
+        vararg name to the first extra positional argument, the object being saved."""
+        params = self.params[1:] if method and self.params else self.params
+        bound: dict[str, ast.expr] = {}
+        positional = [a for a in call.args if not isinstance(a, ast.Starred)]
+        if len(positional) != len(call.args):
+            return bound  # `f(*xs)`: positions are unknown
+        for name, argument in zip(params, positional, strict=False):
+            bound[name] = argument
+        if self.vararg is not None and len(positional) > len(params):
+            bound[self.vararg] = positional[len(params)]
+        for keyword in call.keywords:
+            if keyword.arg is not None and keyword.arg in params:
+                bound[keyword.arg] = keyword.value
+            elif keyword.arg == "obj" and self.kwarg is not None:
+                bound[self.kwarg] = keyword.value  # `save_on_master(obj=state, f=path)`
+        return bound
+
+
+def _text_key(facts: Facts, function: FunctionNode) -> str:
+    # What a body means depends on its text and on the names the file binds at module level
+    # (imports, classes, globals such as `optimizer = ...`), so those are part of the key.
+    text = facts.source.segment(function)
+    globals_ = sorted(facts.assignments.get(facts.tree, {}))
+    imports = repr((sorted(facts.imports.items()), sorted(facts.classes), globals_))
+    return hashlib.blake2b(
+        f"{imports}\n{text}".encode(errors="replace"), digest_size=16
+    ).hexdigest()
+
+
+def summary_of(facts: Facts, function: FunctionNode, depth: int = 0) -> Summary:
+    """The summary of `function` (defined in the file of `facts`), memoised."""
+    memo = facts._summaries
+    found = memo.get(function)
+    if found is not None:
+        return found
+    memo[function] = _placeholder(function)  # cuts recursion through cycles
+    key = _text_key(facts, function)
+    with _text_lock:
+        cached = _text_cache.get(key)
+    if cached is not None:
+        memo[function] = cached
+        return cached
+    summary, leaf = _Summarizer(facts, function, depth).run()
+    memo[function] = summary
+    if leaf:
+        with _text_lock:
+            if len(_text_cache) >= _TEXT_CACHE_LIMIT:
+                _text_cache.clear()
+            _text_cache[key] = summary
+    return summary
+
+
+def _placeholder(function: FunctionNode) -> Summary:
+    args = function.args
+    return Summary(tuple(a.arg for a in [*args.posonlyargs, *args.args]))
+
+
+class _Summarizer:
+    def __init__(self, facts: Facts, function: FunctionNode, depth: int) -> None:
+        self.facts = facts
+        self.function = function
+        self.depth = depth
+        args = function.args
+        self.params = tuple(a.arg for a in [*args.posonlyargs, *args.args])
+        self.all_params = {
+            *self.params,
+            *(a.arg for a in args.kwonlyargs),
+            *((args.vararg.arg,) if args.vararg else ()),
+            *((args.kwarg.arg,) if args.kwarg else ()),
+        }
+        self.vararg = args.vararg.arg if args.vararg else None
+        self.kwarg = args.kwarg.arg if args.kwarg else None
+        self.leaf = True
+
+    def param_of(self, expr: ast.AST | None) -> str | None:
+        """The parameter `expr` still holds (through receiver-returning calls), if any."""
+        facts = self.facts
+        steps = 0
+        while isinstance(expr, ast.Call) and facts.returns_receiver(expr) and steps < 8:
+            expr = facts.receiver(expr)
+            steps += 1
+        if isinstance(expr, ast.Starred):
+            expr = expr.value
+        if not isinstance(expr, ast.Name) or expr.id not in self.all_params:
+            return None
+        assignment = facts.reaching_assignment(expr)
+        if assignment is None or assignment.stmt is self.function:
+            return expr.id
+        return None
+
+    def dict_params(self, expr: ast.AST) -> set[str]:
+        """Parameters stored as values of the dict `expr` builds (a display, `dict(...)`, a
+        local name bound to one plus `d[k] = param` stores)."""
+        facts = self.facts
+        found: set[str] = set()
+        literal = facts.binding_value(expr) if isinstance(expr, ast.Name) else expr
+        values: list[ast.expr] = []
+        if isinstance(literal, ast.Dict):
+            values.extend(v for v in literal.values if v is not None)
+        elif isinstance(literal, ast.Call) and isinstance(literal.func, ast.Name):
+            if literal.func.id == "dict":
+                values.extend(k.value for k in literal.keywords)
+        if isinstance(expr, ast.Name):
+            for node in facts.walk_local(self.function):
+                if (
+                    isinstance(node, ast.Assign)
+                    and len(node.targets) == 1
+                    and isinstance(node.targets[0], ast.Subscript)
+                    and isinstance(node.targets[0].value, ast.Name)
+                    and node.targets[0].value.id == expr.id
+                ):
+                    values.append(node.value)
+        for value in values:
+            name = self.param_of(value)
+            if name is not None:
+                found.add(name)
+        return found
+
+    def run(self) -> tuple[Summary, bool]:
+        facts = self.facts
+        function = self.function
+        returns: set[str] = set()
+        saves: set[str] = set()
+        saves_values: set[str] = set()
+        steps = zeroes = backwards = collective = returns_graph = False
+        switches: set[str] = set()
+        unswitched = False
+        backwarded: set[str] = set()
+        from torchls.analysis.ranks import COLLECTIVE_QUALNAMES
+
+        for call in facts.calls_in(function):
+            qualname = facts.call_qualname(call) or ""
+            if qualname in _SAVE and call.args:
+                name = self.param_of(call.args[0])
+                if name is not None:
+                    saves.add(name)
+                saves_values |= self.dict_params(call.args[0])
+                continue
+            if facts.is_backward(call):
+                backwards = True
+                receiver = facts.receiver(call)
+                if isinstance(receiver, ast.Name):
+                    backwarded.add(receiver.id)
+            if facts.optimizer_of_step(call) is not None:
+                steps = True
+            if facts.is_zero_grad(call):
+                zeroes = True
+            if qualname in COLLECTIVE_QUALNAMES and not self._rank_only(call):
+                # A collective on a sub-group (or with arguments we cannot read) is meant
+                # for some ranks only.
+                grouped = any(k.arg in ("group", None) for k in call.keywords) or any(
+                    isinstance(a, ast.Starred) for a in call.args
+                )
+                if not grouped:
+                    collective = True
+                    switch = self._switch_of(call)
+                    if switch is None:
+                        unswitched = True
+                    else:
+                        switches.add(switch)
+            if self.depth >= MAX_DEPTH:
+                continue
+            target = facts.callee(call)
+            if target is None:
+                continue
+            owner, callee, is_method = target
+            if owner is not facts:
+                self.leaf = False
+            elif callee is function:
+                continue
+            else:
+                self.leaf = False
+            inner = summary_of(owner, callee, self.depth + 1)
+            steps |= inner.steps_optimizer
+            zeroes |= inner.zeroes_grad
+            backwards |= inner.backwards
+            reached = inner.reaches_collective(call, is_method)
+            if reached and not self._rank_only(call):
+                collective = unswitched = True
+            if inner.saves or inner.saves_values:
+                bound = inner.bind(call, is_method)
+                for name in inner.saves:
+                    argument = bound.get(name)
+                    if argument is None:
+                        continue
+                    param = self.param_of(argument)
+                    if param is not None:
+                        saves.add(param)
+                    saves_values |= self.dict_params(argument)
+                for name in inner.saves_values:
+                    param = self.param_of(bound.get(name))
+                    if param is not None:
+                        saves_values.add(param)
+        for node in facts.walk_local(function):
+            if isinstance(node, ast.Return) and node.value is not None:
+                name = self.param_of(node.value)
+                if name is not None:
+                    returns.add(name)
+                if isinstance(node.value, ast.Name) and node.value.id in backwarded:
+                    returns_graph = True
+        runs_batch_loop = any(
+            loop in facts.batch_loops and facts.is_inside(loop, function)
+            for loop in facts.training_loops
+        )
+        summary = Summary(
+            params=self.params,
+            vararg=self.vararg,
+            kwarg=self.kwarg,
+            returns=frozenset(returns),
+            saves=frozenset(saves),
+            saves_values=frozenset(saves_values),
+            steps_optimizer=steps,
+            zeroes_grad=zeroes,
+            backwards=backwards,
+            runs_batch_loop=runs_batch_loop,
+            collective=collective,
+            returns_graph=returns_graph,
+            collective_switches=frozenset() if unswitched else frozenset(switches),
+            falsy_defaults=self._falsy_defaults(),
+        )
+        return summary, self.leaf
+
+    def _switch_of(self, call: ast.Call) -> str | None:
+        """The parameter of a plain `if param:` around `call` in this function, if any."""
+        current = self.facts.parents.get(call)
+        while current is not None and current is not self.function:
+            if isinstance(current, ast.If) and isinstance(current.test, ast.Name):
+                if current.test.id in self.all_params and self.param_of(current.test):
+                    return current.test.id
+            current = self.facts.parents.get(current)
+        return None
+
+    def _falsy_defaults(self) -> frozenset[str]:
+        args = self.function.args
+        positional = [*args.posonlyargs, *args.args]
+        with_defaults = positional[len(positional) - len(args.defaults) :]
+        pairs = list(zip(with_defaults, args.defaults, strict=True))
+        pairs += [
+            (a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is not None
+        ]
+        return frozenset(a.arg for a, d in pairs if isinstance(d, ast.Constant) and not d.value)
+
+    def _rank_only(self, call: ast.Call) -> bool:
+        """`call` sits under a rank check inside this function (`if rank == 0:`)."""
+        facts = self.facts
+        current = facts.parents.get(call)
+        while current is not None and current is not self.function:
+            if isinstance(current, ast.If) and facts.rank_dependent(current.test):
+                return True
+            current = facts.parents.get(current)
+        return False

@@ -1,0 +1,272 @@
+"""The project index and function summaries: imports named without jedi, and rules reading a
+helper's summary at its call site, across files (save wrappers, engines that step the
+optimizer, loader wrappers, collectives in helpers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torchls.analysis import Workspace, analyze
+from torchls.analysis.index import ProjectIndex
+from torchls.analysis.source import parse_source
+from torchls.analysis.summaries import _text_cache
+
+
+def write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def found(root: Path, name: str, code: str | None = None) -> list[tuple[int, str]]:
+    workspace = Workspace(root)
+    path = root / name
+    result = analyze(path.read_text(), str(path), workspace=workspace)
+    assert workspace.jedi_calls == 0, "project imports are named by the index, not jedi"
+    return [(f.span.start.row, f.code) for f in result.findings if code in (None, f.code)]
+
+
+# ---------------------------------------------------------------------- the index
+def test_index_names_modules_packages_src_layouts_and_relative_imports(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        {
+            "src/proj/__init__.py": "",
+            "src/proj/engine.py": "",
+            "src/proj/models/__init__.py": "from .nets import Net\n",
+            "src/proj/models/nets.py": "",
+            "tools/train.py": "",
+            "tools/helpers.py": "",
+        },
+    )
+    index = ProjectIndex(tmp_path.resolve())
+    engine = (tmp_path / "src/proj/engine.py").resolve()
+    nets = (tmp_path / "src/proj/models/nets.py").resolve()
+    train = tmp_path / "tools/train.py"
+    assert index.locate(train, "proj.engine.train_one_epoch") == (engine, "train_one_epoch")
+    assert index.locate(train, "helpers") == ((tmp_path / "tools/helpers.py").resolve(), None)
+    assert index.locate(nets, "..engine.run") == (engine, "run")
+    assert index.locate(nets.parent / "__init__.py", ".nets.Net") == (nets, "Net")
+    assert index.locate(train, "torchvision.models.resnet18") is None
+
+
+def test_reexported_class_is_followed_through_the_package_init(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "from .heads import Classifier\n",
+            "pkg/heads.py": (
+                "import torch.nn as nn\nimport torch.nn.functional as F\n\n\n"
+                "class Classifier(nn.Module):\n"
+                "    def __init__(self):\n        super().__init__()\n"
+                "        self.fc = nn.Linear(4, 3)\n\n"
+                "    def forward(self, x):\n        return F.softmax(self.fc(x), dim=1)\n"
+            ),
+            "train.py": (
+                "import torch.nn as nn\nfrom pkg import Classifier\n\n\n"
+                "def step(x, y):\n    model = Classifier()\n"
+                "    return nn.CrossEntropyLoss()(model(x), y)\n"
+            ),
+        },
+    )
+    assert found(tmp_path, "train.py", "TL101") == [(7, "TL101")]
+
+
+# ---------------------------------------------------------------------- TL301
+UTILS = """\
+import torch
+import torch.distributed as dist
+
+
+def is_main_process():
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def save_on_master(*args, **kwargs):
+    if is_main_process():
+        torch.save(*args, **kwargs)
+
+
+def save_checkpoint(state, is_best, filename="checkpoint.pth.tar"):
+    save_on_master(state, filename)
+
+
+def save_run(model, args, path):
+    torch.save({"model": model.state_dict(), "args": args}, path)
+"""
+CONFIG = """\
+from dataclasses import dataclass
+
+
+@dataclass
+class TrainConfig:
+    lr: float = 0.1
+"""
+
+
+def test_config_objects_reach_checkpoints_through_wrappers_in_other_files(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        {
+            "utils.py": UTILS,
+            "config.py": CONFIG,
+            "train.py": (
+                "import argparse\n\nimport torch\n\nimport utils\n"
+                "from config import TrainConfig\nfrom utils import save_on_master, save_run\n\n\n"
+                "def main(model, cfg: TrainConfig):\n"
+                "    args = argparse.ArgumentParser().parse_args()\n"
+                '    utils.save_checkpoint({"model": model.state_dict(), "args": args}, True)\n'
+                '    save_on_master({"model": model.state_dict(), "cfg": cfg}, "last.pt")\n'
+                '    save_run(model, args, "run.pt")\n'
+                '    utils.save_checkpoint({"model": model.state_dict(), "args": vars(args)}, 1)\n'
+            ),
+        },
+    )
+    assert found(tmp_path, "train.py", "TL301") == [(12, "TL301"), (13, "TL301"), (14, "TL301")]
+
+
+# ---------------------------------------------------------------------- TL401 / TL402
+ENGINE = """\
+def train_step(model, batch, optimizer, criterion):
+    x, y = batch
+    optimizer.zero_grad()
+    loss = criterion(model(x), y)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def train_one_epoch(model, loader, optimizer, criterion):
+    for batch in loader:
+        train_step(model, batch, optimizer, criterion)
+"""
+TRAIN_WITH_ENGINE = """\
+import torch
+from torch.optim.lr_scheduler import StepLR
+
+from engine import train_one_epoch, train_step
+
+
+def main(model, train_loader, criterion, epochs):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = StepLR(optimizer, step_size=30)
+    for epoch in range(epochs):
+        scheduler.step()
+        train_one_epoch(model, train_loader, optimizer, criterion)
+    for epoch in range(epochs):
+        for batch in train_loader:
+            train_step(model, batch, optimizer, criterion)
+            scheduler.step()
+"""
+
+
+def test_optimizer_stepped_in_another_module(tmp_path: Path) -> None:
+    write(tmp_path, {"engine.py": ENGINE, "train.py": TRAIN_WITH_ENGINE})
+    assert found(tmp_path, "train.py") == [(11, "TL401"), (16, "TL402")]
+
+
+def test_scheduler_after_the_engine_is_quiet(tmp_path: Path) -> None:
+    one_epoch = "        train_one_epoch(model, train_loader, optimizer, criterion)"
+    one_step = "            train_step(model, batch, optimizer, criterion)\n"
+    fixed = TRAIN_WITH_ENGINE.replace(
+        f"        scheduler.step()\n{one_epoch}", f"{one_epoch}\n        scheduler.step()"
+    ).replace(f"{one_step}            scheduler.step()\n", one_step)
+    write(tmp_path, {"engine.py": ENGINE, "train.py": fixed})
+    assert found(tmp_path, "train.py") == []
+
+
+# ---------------------------------------------------------------------- TL801 / TL802
+BACKEND = """\
+import torch.distributed as dist
+
+
+class Backend:
+    def __init__(self, rank):
+        self.rank = rank
+
+    def distribute(self, loader):
+        return loader
+
+
+def synchronize():
+    dist.barrier()
+"""
+TRAIN_DISTRIBUTED = """\
+import torch
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+from backend import Backend, synchronize
+
+
+def main(dataset, model, optimizer, rank, epochs):
+    backend = Backend(rank)
+    loader = backend.distribute(DataLoader(dataset, sampler=DistributedSampler(dataset)))
+    for epoch in range(epochs):
+        for x, y in loader:
+            optimizer.zero_grad()
+            model(x).sum().backward()
+            optimizer.step()
+        synchronize()
+        if rank == 0:
+            torch.save(model.state_dict(), "last.pt")
+            synchronize()
+"""
+
+
+def test_helpers_from_another_file_distribute_and_synchronize(tmp_path: Path) -> None:
+    write(tmp_path, {"backend.py": BACKEND, "train.py": TRAIN_DISTRIBUTED})
+    assert found(tmp_path, "train.py") == [(10, "TL802"), (19, "TL801")]
+
+
+def test_helper_barrier_called_by_every_rank_is_quiet(tmp_path: Path) -> None:
+    quiet = TRAIN_DISTRIBUTED.replace(
+        '            torch.save(model.state_dict(), "last.pt")\n            synchronize()\n',
+        '            torch.save(model.state_dict(), "last.pt")\n        synchronize()\n',
+    ).replace(
+        "        for x, y in loader:",
+        "        loader.sampler.set_epoch(epoch)\n        for x, y in loader:",
+    )
+    write(tmp_path, {"backend.py": BACKEND, "train.py": quiet})
+    assert found(tmp_path, "train.py") == []
+
+
+# ---------------------------------------------------------------------- caching
+def test_summaries_are_cached_by_function_text(tmp_path: Path) -> None:
+    write(tmp_path, {"engine.py": ENGINE, "train.py": TRAIN_WITH_ENGINE})
+    workspace = Workspace(tmp_path)
+    train = tmp_path / "train.py"
+    analyze(train.read_text(), str(train), workspace=workspace)
+    engine = workspace.facts_for(tmp_path / "engine.py")
+    assert engine is not None
+    step = engine.functions["train_step"]
+    first = engine.summary(step)
+    assert first.steps_optimizer and first.backwards and not first.returns_graph
+    assert engine.summary(step) is first  # memoised per file version
+    # A new parse of the same text finds the leaf summary in the text-keyed table.
+    assert len(_text_cache) > 0
+    again = type(engine)(parse_source(ENGINE), engine.filename, workspace)
+    assert again.summary(again.functions["train_step"]) == first
+
+
+def test_model_class_reached_as_a_module_attribute(tmp_path: Path) -> None:
+    # `import seq_models as sm; decoder = sm.Decoder(...)`: the class is found through the
+    # module the index names, and its forward's LogSoftmax reaches the cross-entropy.
+    write(
+        tmp_path,
+        {
+            "seq_models.py": (
+                "import torch.nn as nn\n\n\nclass Decoder(nn.Module):\n"
+                "    def __init__(self):\n        super().__init__()\n"
+                "        self.out = nn.Linear(8, 5)\n        self.norm = nn.LogSoftmax(dim=1)\n\n"
+                "    def forward(self, x, h):\n        return self.norm(self.out(x)), h\n"
+            ),
+            "train.py": (
+                "import torch.nn as nn\n\nimport seq_models as sm\n\n\n"
+                "def step(x, h, y):\n    decoder = sm.Decoder()\n"
+                "    output, h = decoder(x, h)\n    return nn.CrossEntropyLoss()(output, y)\n"
+            ),
+        },
+    )
+    assert found(tmp_path, "train.py", "TL101") == [(9, "TL101")]
