@@ -16,7 +16,6 @@ import fnmatch
 import io
 import os
 import subprocess
-import sys
 import tokenize
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -30,14 +29,12 @@ from torchls.analysis import (
     all_rules,
     analyze,
 )
-from torchls.analysis.fixes import apply_fixes, fixes_to_apply
+from torchls.analysis.fix_engine import fix_until_stable
 from torchls.analysis.selection import normalise_selectors
-from torchls.config import ConfigError, ProjectConfig, find_pyproject, load_config
+from torchls.config import ConfigResolver, ProjectConfig
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
+# ConfigResolver lives in torchls.config (the service the editor shares); re-exported here.
+__all__ = ["CheckOptions", "ConfigResolver", "FileReport", "check_paths", "check_stdin"]
 
 # Folders that hold other people's code or build output; checking them is noise and slow.
 SKIPPED_DIRS = frozenset(
@@ -60,7 +57,6 @@ SKIPPED_DIRS = frozenset(
         "site-packages",
     }
 )
-MAX_FIX_PASSES = 5
 STDIN = "-"
 
 
@@ -97,65 +93,6 @@ class Discovery:
     files: list[Path] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     unreadable: list[FileReport] = field(default_factory=list)
-
-
-class ConfigResolver:
-    """The `[tool.torchls]` configuration for each file, looked up once per folder.
-
-    An explicit `--config` applies to every file; otherwise the nearest pyproject.toml wins,
-    so a monorepo's sub-projects keep their own settings.
-    """
-
-    def __init__(self, explicit: Path | None = None) -> None:
-        self._explicit = _load_explicit(explicit) if explicit is not None else None
-        self._by_folder: dict[Path, ProjectConfig] = {}
-
-    def for_path(self, path: Path) -> ProjectConfig:
-        if self._explicit is not None:
-            return self._explicit
-        folder = path if path.is_dir() else path.parent
-        folder = folder.resolve()
-        if folder not in self._by_folder:
-            _reject_broken_pyproject(folder)
-            self._by_folder[folder] = load_config(folder)
-        return self._by_folder[folder]
-
-    def configs(self) -> list[ProjectConfig]:
-        """Each distinct configuration file used so far (for reporting problems once)."""
-        found = [self._explicit] if self._explicit is not None else self._by_folder.values()
-        unique: dict[Path, ProjectConfig] = {}
-        for config in found:
-            if config.path is not None:
-                unique.setdefault(config.path, config)
-        return list(unique.values())
-
-
-def _reject_broken_pyproject(folder: Path) -> None:
-    """Raise if the nearest pyproject.toml is not valid TOML.
-
-    `find_pyproject` skips files it cannot parse, so a syntax slip in the user's
-    `[tool.torchls]` table would silently fall back to the defaults (every rule on).
-    """
-    for candidate in (folder / "pyproject.toml", *(p / "pyproject.toml" for p in folder.parents)):
-        if candidate.is_file():
-            try:
-                with candidate.open("rb") as handle:
-                    tomllib.load(handle)
-            except (OSError, tomllib.TOMLDecodeError) as error:
-                raise ConfigError(f"{candidate}: cannot read: {error}") from None
-            return
-
-
-def _load_explicit(path: Path) -> ProjectConfig:
-    if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
-    _reject_broken_pyproject(path.parent.resolve())
-    if path.name != "pyproject.toml":
-        # `load_config` finds the file by walking folders, so it can only read pyproject.toml.
-        raise ConfigError(f"{path}: --config must name a pyproject.toml")
-    if find_pyproject(path) != path.resolve():
-        return ProjectConfig(path=path.resolve())  # no [tool.torchls] table: defaults
-    return load_config(path)
 
 
 def unknown_selectors(selectors: Iterable[str]) -> list[str]:
@@ -436,52 +373,27 @@ def _analyse_into(
         report.error = result.error
         return None
     _record_syntax(report, result)
-    if not options.fix or result.syntax_errors or result.parsed is None:
-        # Like ruff, never rewrite a file that does not parse: the fix spans could be stale.
+    if not options.fix:
         report.findings = result.findings
         return None
-    original = result.parsed.text
-    outcome = fix_until_stable(original, result, filename, enabled, options)
+    original = result.parsed.text if result.parsed is not None else ""
+    outcome = fix_until_stable(
+        original,
+        filename,
+        enabled,
+        unsafe=options.unsafe_fixes,
+        workspace=options.workspace,
+        result=result,
+    )
     report.findings = outcome.result.findings
+    if outcome.refused is not None:
+        return None  # a file that does not parse is reported, never rewritten
     report.fixed = outcome.fixed
     if outcome.broken:
         report.notes.append(
             "a fix would have produced invalid code; those fixes were not applied (please report)"
         )
     return outcome.text if outcome.text != original else None
-
-
-@dataclass
-class FixOutcome:
-    text: str
-    result: AnalysisResult  # the analysis of `text`: what remains to report
-    fixed: int
-    broken: bool = False  # a pass was rejected because it broke parsing
-
-
-def fix_until_stable(
-    text: str,
-    result: AnalysisResult,
-    filename: str,
-    enabled: Callable[[str], bool],
-    options: CheckOptions,
-) -> FixOutcome:
-    """Apply fixes pass by pass (a fix can make another one possible, and overlapping fixes
-    wait for the next pass) until nothing changes, or stop before a pass that breaks parsing."""
-    outcome = FixOutcome(text, result, 0)
-    for _ in range(MAX_FIX_PASSES):
-        fixes = fixes_to_apply(outcome.result.findings, unsafe=options.unsafe_fixes)
-        if not fixes:
-            break
-        candidate, applied = apply_fixes(outcome.text, fixes)
-        if applied == 0 or candidate == outcome.text:
-            break
-        after = analyze(candidate, filename, enabled, workspace=options.workspace)
-        if after.error is not None or after.syntax_errors:
-            outcome.broken = True  # keep the last good text rather than write broken code
-            break
-        outcome = FixOutcome(candidate, after, outcome.fixed + applied)
-    return outcome
 
 
 def _record_syntax(report: FileReport, result: AnalysisResult) -> None:

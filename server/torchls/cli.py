@@ -18,6 +18,7 @@ from typing import TextIO
 
 from torchls import __version__, inspect_cli, output, repro_cli
 from torchls.analysis import Rule, Workspace, all_rules, get_rule
+from torchls.analysis.registry import documented_rules, rule_by_name
 from torchls.checker import (
     CheckOptions,
     ConfigResolver,
@@ -179,9 +180,10 @@ def run_check(args: argparse.Namespace) -> int:
     _report_problems(reports)
     checked = [r for r in reports if r.error is None]
     style = output.Style(_use_colour(args.color, stdout))
-    stdout.write(_render(checked, args, style))
+    incomplete = failed or any(r.error for r in reports)
+    stdout.write(_render(checked, args, style, incomplete))
     findings = sum(len(r.findings) for r in checked)
-    if failed or any(r.error for r in reports):
+    if incomplete:
         return EXIT_ERROR
     return EXIT_FINDINGS if findings and not args.exit_zero else EXIT_CLEAN
 
@@ -250,14 +252,16 @@ def _warn_config(resolver: ConfigResolver) -> None:
             print(line, file=sys.stderr)
 
 
-def _render(reports: list[FileReport], args: argparse.Namespace, style: output.Style) -> str:
+def _render(
+    reports: list[FileReport], args: argparse.Namespace, style: output.Style, incomplete: bool
+) -> str:
     unsafe = args.unsafe_fixes
     if args.statistics:
         stats = output.statistics(reports, unsafe)
         if args.output_format == "json":
             return output.json_statistics(stats)
         body = output.text_statistics(stats, style)
-        return body + output.text_summary(reports, args.fix, unsafe, style)
+        return body + output.text_summary(reports, args.fix, unsafe, style, incomplete)
     if args.output_format == "json":
         return output.json_findings(reports)
     if args.output_format == "sarif":
@@ -265,7 +269,7 @@ def _render(reports: list[FileReport], args: argparse.Namespace, style: output.S
     if args.output_format == "github":
         return output.github_findings(reports)
     body = output.text_findings(reports, unsafe, style)
-    return body + output.text_summary(reports, args.fix, unsafe, style)
+    return body + output.text_summary(reports, args.fix, unsafe, style, incomplete)
 
 
 def _report_problems(reports: list[FileReport]) -> None:
@@ -310,7 +314,7 @@ def run_rule(args: argparse.Namespace) -> int:
     if args.all:
         if args.code:
             raise UsageError("give either a rule code or --all, not both")
-        rules = all_rules()
+        rules = documented_rules()
         if args.output_format == "json":
             sys.stdout.write(output.dumps([output.rule_json(r) for r in rules]))
         else:
@@ -318,9 +322,11 @@ def run_rule(args: argparse.Namespace) -> int:
         return EXIT_CLEAN
     if not args.code:
         raise UsageError("give a rule code (torchls rule TL101) or --all")
-    rule = get_rule(args.code) or _rule_by_name(args.code)
+    rule = get_rule(args.code) or rule_by_name(args.code)
     if rule is None:
-        raise UsageError(f"unknown rule {args.code!r}{_closest_rule(args.code)}")
+        raise UsageError(
+            f"unknown rule {args.code!r}{_closest_rule(args.code, documented_rules())}"
+        )
     if args.output_format == "json":
         sys.stdout.write(output.dumps(output.rule_json(rule)))
     else:
@@ -328,13 +334,9 @@ def run_rule(args: argparse.Namespace) -> int:
     return EXIT_CLEAN
 
 
-def _rule_by_name(name: str) -> Rule | None:
-    return next((r for r in all_rules() if r.name == name.strip().lower()), None)
-
-
-def _closest_rule(wanted: str) -> str:
+def _closest_rule(wanted: str, rules: Sequence[Rule] | None = None) -> str:
     """'; did you mean TL106 (class-targets-cast-to-float)?' — by spelling, else by number."""
-    rules = all_rules()
+    rules = list(rules if rules is not None else all_rules())
     if not rules:
         return ""
     by_key = {r.code: r for r in rules} | {r.name: r for r in rules}

@@ -1,12 +1,16 @@
-"""Project configuration: `[tool.torchls]` in the nearest `pyproject.toml`.
+"""Project configuration, the one service the CLI and the editor share.
 
-In: a file or folder path. Out: a `ProjectConfig` (rule selection and probe settings) found by
-walking up from that path. Unknown keys and wrong types raise `ConfigError` with the key named,
-so a typo never silently disables checks.
+In: a file or folder path. Out: a `ProjectConfig` (rule selection, per-file ignores, excludes
+and the repro's `[tool.torchls.probe]` values) from the nearest `pyproject.toml` with a
+`[tool.torchls]` table, walking up from that path. One policy for both front ends: unknown keys,
+wrong types and a nearest `pyproject.toml` that is not valid TOML raise `ConfigError` with the
+file and key named, so a typo never silently disables checks (`ConfigResolver` caches per
+folder for the CLI; `config_or_defaults` is the editor's reading: defaults plus the problem).
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -23,6 +27,16 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 KNOWN_KEYS = {"select", "ignore", "extend-select", "per-file-ignores", "exclude", "probe"}
 PROBE_KEYS = {"device", "steps", "timeout", "memory", "python"}
+
+# The repro's defaults and device pattern, defined once: `torchls repro`, the editor's
+# `probe.*` settings and `[tool.torchls.probe]` all read them from here (this module imports
+# nothing heavy, so the server's settings can use it without loading the probe).
+DEFAULT_DEVICE = "auto"
+DEFAULT_STEPS = 2
+DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_MEMORY_MB = 4096
+DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+DEVICE_CHOICES = "auto, cpu, cuda, cuda:N or mps"
 
 
 class ConfigError(Exception):
@@ -113,11 +127,126 @@ def _string_list(table: dict[str, Any], key: str, path: Path) -> tuple[str, ...]
 
 
 def load_config(start: str | Path) -> ProjectConfig:
-    """The configuration that applies to `start` (a file or folder); defaults if none."""
-    path = find_pyproject(Path(start))
+    """The configuration that applies to `start` (a file or folder); defaults if none.
+
+    Raises `ConfigError` when the nearest pyproject.toml is not valid TOML, whether or not
+    it mentions torchls: the CLI makes that a usage error, the editor a warning (and then
+    uses the defaults), and neither walks on to a file further up."""
+    start = Path(start)
+    folder = start.resolve()
+    if folder.is_file() or not folder.exists():
+        folder = folder.parent
+    _reject_broken_pyproject(folder)
+    path = find_pyproject(start)
     if path is None:
         return ProjectConfig()
     return load_config_file(path)
+
+
+class ConfigResolver:
+    """The `[tool.torchls]` configuration for each file, looked up once per folder.
+
+    An explicit `--config` applies to every file; otherwise the nearest pyproject.toml wins,
+    so a monorepo's sub-projects keep their own settings.
+    """
+
+    def __init__(self, explicit: Path | None = None) -> None:
+        self._explicit = _load_explicit(explicit) if explicit is not None else None
+        self._by_folder: dict[Path, ProjectConfig] = {}
+
+    def for_path(self, path: Path) -> ProjectConfig:
+        if self._explicit is not None:
+            return self._explicit
+        folder = path if path.is_dir() else path.parent
+        folder = folder.resolve()
+        if folder not in self._by_folder:
+            self._by_folder[folder] = load_config(folder)
+        return self._by_folder[folder]
+
+    def configs(self) -> list[ProjectConfig]:
+        """Each distinct configuration file used so far (for reporting problems once)."""
+        found = [self._explicit] if self._explicit is not None else self._by_folder.values()
+        unique: dict[Path, ProjectConfig] = {}
+        for config in found:
+            if config.path is not None:
+                unique.setdefault(config.path, config)
+        return list(unique.values())
+
+
+def _reject_broken_pyproject(folder: Path) -> None:
+    """Raise if the nearest pyproject.toml is not valid TOML (the broken-file policy).
+
+    `find_pyproject` skips files it cannot parse, so a syntax slip in the user's
+    `[tool.torchls]` table would silently fall back to the defaults (every rule on).
+    """
+    for candidate in (folder / "pyproject.toml", *(p / "pyproject.toml" for p in folder.parents)):
+        if candidate.is_file():
+            try:
+                with candidate.open("rb") as handle:
+                    tomllib.load(handle)
+            except tomllib.TOMLDecodeError as error:
+                raise ConfigError(f"{candidate}: cannot read: invalid TOML: {error}") from None
+            except OSError as error:
+                raise ConfigError(f"{candidate}: cannot read: {error}") from None
+            return
+
+
+def _load_explicit(path: Path) -> ProjectConfig:
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    _reject_broken_pyproject(path.parent.resolve())
+    if path.name != "pyproject.toml":
+        # `load_config` finds the file by walking folders, so it can only read pyproject.toml.
+        raise ConfigError(f"{path}: --config must name a pyproject.toml")
+    if find_pyproject(path) != path.resolve():
+        return ProjectConfig(path=path.resolve())  # no [tool.torchls] table: defaults
+    return load_config(path)
+
+
+def config_or_defaults(start: str | None) -> tuple[ProjectConfig, str | None]:
+    """The editor's reading of the same policy: (configuration, problem). A broken file or
+    unknown key gives the defaults and the problem to show, never a silent fallback."""
+    if start is None:
+        return ProjectConfig(), None
+    try:
+        return load_config(start), None
+    except ConfigError as problem:
+        return ProjectConfig(), str(problem)
+    except OSError as problem:  # an unreadable folder on the way up
+        return ProjectConfig(), f"cannot read project configuration: {problem}"
+
+
+def _probe_table(raw: dict[str, Any], path: Path) -> dict[str, Any]:
+    """`[tool.torchls.probe]` checked value by value (a wrong type is an error, like a wrong
+    key); `python` relative to the pyproject.toml's folder."""
+    where = f"{path}: [tool.torchls.probe]"
+    probe: dict[str, Any] = {}
+    if "device" in raw:
+        device = raw["device"]
+        if not isinstance(device, str) or not DEVICE_PATTERN.match(device):
+            raise ConfigError(f"{where} device must be {DEVICE_CHOICES}, got {device!r}")
+        probe["device"] = device
+    for key, low, whole in (("steps", 1, True), ("timeout", 0, False), ("memory", 64, True)):
+        if key not in raw:
+            continue
+        value = raw[key]
+        # bool is an int in Python, but `true` is never a valid number of steps.
+        kinds: tuple[type, ...] = (int,) if whole else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kinds) or value < low:
+            bound = f"at least {low}" if whole else "positive"
+            raise ConfigError(f"{where} {key} must be a number {bound}, got {value!r}")
+        probe[key] = value
+    if "python" in raw:
+        python = raw["python"]
+        if not isinstance(python, str) or not python.strip():
+            raise ConfigError(f"{where} python must be a path to an interpreter")
+        candidate = Path(python).expanduser()
+        # A bare name (`python3`) is looked up on PATH by the probe; a path is the project's.
+        if candidate.is_absolute() or "/" in python:
+            candidate = path.parent / candidate
+            python = str(candidate)
+        probe["python"] = python
+    return probe
 
 
 def load_config_file(path: str | Path) -> ProjectConfig:
@@ -155,6 +284,7 @@ def load_config_file(path: str | Path) -> ProjectConfig:
     unknown_probe = sorted(set(probe) - PROBE_KEYS)
     if unknown_probe:
         raise ConfigError(f"{path}: unknown key {unknown_probe[0]!r} in [tool.torchls.probe]")
+    probe = _probe_table(probe, path)
     return ProjectConfig(
         path=path,
         select=_string_list(table, "select", path) if "select" in table else None,

@@ -1,8 +1,10 @@
 """Rule documentation rendered from the registry: the README table, docs/rules.md, one rule.
 
-In: the registered rules. Out: Markdown. `python -m torchls.docs` prints the README table so it
-can be pasted between the README's `rules` markers; `python -m torchls.docs --rules-md [PATH]`
-writes docs/rules.md (every rule's full documentation). Tests keep both in sync, and the
+In: the registered rules. Out: Markdown. `python -m torchls.docs --write [ROOT]` regenerates
+both generated documents of a checkout (the README table between its `rules` markers and
+docs/rules.md); `python -m torchls.docs` prints the README table and
+`python -m torchls.docs --rules-md [PATH]` writes docs/rules.md alone. Tests keep both in sync,
+and the
 language server's "Show documentation for TLxxx" shows `rule_markdown()` or links to
 `rule_anchor()` in a published copy of docs/rules.md.
 """
@@ -79,7 +81,7 @@ def rules_markdown(rules: Sequence[Rule] | None = None) -> str:
     """docs/rules.md: an index table linking to every rule's full documentation."""
     rules = list(all_rules() if rules is None else rules)
     parts = [
-        "<!-- Generated from the rule registry by `python -m torchls.docs --rules-md`; "
+        "<!-- Generated from the rule registry by `python -m torchls.docs --write`; "
         "do not edit by hand. -->",
         "# torchls rules",
         "Every rule torchls checks, with what it catches, why it is wrong, an example and the "
@@ -98,10 +100,47 @@ def rules_markdown(rules: Sequence[Rule] | None = None) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+README = Path("README.md")
+_TABLE = re.compile(r"(<!-- rules:start -->\n)(.*?)(\n<!-- rules:end -->)", re.DOTALL)
+
+
+def readme_with_table(readme: str) -> str:
+    """`readme` with the rule table between its markers regenerated (ValueError without them)."""
+    if not _TABLE.search(readme):
+        raise ValueError("README.md lacks the <!-- rules:start --> / <!-- rules:end --> markers")
+    return _TABLE.sub(lambda m: m.group(1) + rule_table() + m.group(3), readme, count=1)
+
+
+def write_docs(root: Path) -> list[Path]:
+    """Regenerate README.md's rule table and docs/rules.md under `root`; the files changed."""
+    changed = []
+    readme = root / README
+    old = readme.read_text(encoding="utf-8")
+    if (new := readme_with_table(old)) != old:
+        readme.write_text(new, encoding="utf-8")
+        changed.append(readme)
+    rules_md = root / RULES_MD
+    text = rules_markdown()
+    if not rules_md.is_file() or rules_md.read_text(encoding="utf-8") != text:
+        rules_md.parent.mkdir(parents=True, exist_ok=True)
+        rules_md.write_text(text, encoding="utf-8")
+        changed.append(rules_md)
+    return changed
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m torchls.docs",
-        description="Print the README rule table, or write docs/rules.md.",
+        description="Regenerate the README rule table and docs/rules.md (--write), or print "
+        "the table, or write docs/rules.md alone.",
+    )
+    parser.add_argument(
+        "--write",
+        nargs="?",
+        const=".",
+        metavar="ROOT",
+        help="rewrite README.md's rule table and docs/rules.md in the checkout at ROOT "
+        "(default: the current folder)",
     )
     parser.add_argument(
         "--rules-md",
@@ -111,6 +150,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"write every rule's documentation to PATH (default: {RULES_MD})",
     )
     args = parser.parse_args(argv)
+    if args.write is not None:
+        try:
+            changed = write_docs(Path(args.write))
+        except (OSError, ValueError) as error:
+            print(f"torchls.docs: error: {error}", file=sys.stderr)
+            return 2
+        for path in changed:
+            print(f"wrote {path}", file=sys.stderr)
+        if not changed:
+            print("README.md and docs/rules.md are up to date", file=sys.stderr)
+        return 0
     if args.rules_md is None:
         print(rule_table())
         return 0

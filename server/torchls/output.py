@@ -78,23 +78,50 @@ def text_findings(reports: Sequence[FileReport], unsafe_fixes: bool, style: Styl
     return "\n".join(lines) + ("\n" if lines else "")
 
 
-def text_summary(reports: Sequence[FileReport], fix: bool, unsafe_fixes: bool, style: Style) -> str:
-    """The closing lines: fixed count (with --fix), total found, and what --fix could do."""
+def text_summary(
+    reports: Sequence[FileReport],
+    fix: bool,
+    unsafe_fixes: bool,
+    style: Style,
+    incomplete: bool = False,
+) -> str:
+    """The closing lines: fixed count (with --fix), findings by severity, and what --fix could
+    do. `incomplete`: some paths could not be read, so "All checks passed!" would be a lie."""
     findings = [finding for _, finding in all_findings(reports)]
     lines = []
     fixed = sum(report.fixed for report in reports)
     if fix and fixed:
-        lines.append(f"Fixed {_plural(fixed, 'error')}.")
+        lines.append(f"Fixed {_plural(fixed, 'finding')}.")
     if not findings:
-        lines.append(style.good("All checks passed!"))
+        if incomplete:
+            lines.append("No findings in the files checked; some paths could not be checked.")
+        else:
+            lines.append(style.good("All checks passed!"))
         return "\n".join(lines) + "\n"
-    lines.append(f"Found {_plural(len(findings), 'error')}.")
+    lines.append(f"Found {severity_counts(findings)}.")
     fixable = sum(is_fixable(f, unsafe_fixes) for f in findings)
     hidden = sum(f.fix is not None and not is_fixable(f, unsafe_fixes) for f in findings)
     hint = _fix_hint(fixable, hidden, fix, unsafe_fixes)
     if hint:
         lines.append(hint)
     return "\n".join(lines) + "\n"
+
+
+SEVERITY_WORDS = (("error", "error", "errors"), ("warning", "warning", "warnings"))
+
+
+def severity_counts(findings: Sequence[Finding]) -> str:
+    """`3 findings (1 error, 1 warning, 1 advice)`: E, W and I are not all errors (the README
+    defines E as a definite bug), so the total says which is which."""
+    counts = Counter(finding.severity for finding in findings)
+    parts = [
+        _plural(counts[severity], one, many)
+        for severity, one, many in SEVERITY_WORDS
+        if counts[severity]
+    ]
+    if advice := len(findings) - sum(counts[severity] for severity, _, _ in SEVERITY_WORDS):
+        parts.append(f"{advice} advice")
+    return f"{_plural(len(findings), 'finding')} ({', '.join(parts)})"
 
 
 def _fix_hint(fixable: int, hidden: int, fix: bool, unsafe_fixes: bool) -> str:

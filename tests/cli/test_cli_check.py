@@ -42,11 +42,11 @@ def test_fix_marker_only_on_fixes_the_current_flags_would_apply(project):
     assert unsafe == {"TL101": True, "TL106": True, "TL302": True, "TL303": False}
 
 
-def test_summary_counts_errors_and_fixable_and_hidden_fixes(project):
+def test_summary_counts_findings_by_severity_and_fixable_and_hidden_fixes(project):
     project.copy("buggy.py")
     result = project.run("check", "buggy.py")
     assert result.lines[-2:] == [
-        "Found 4 errors.",
+        "Found 4 findings (2 errors, 1 warning, 1 advice).",
         "[*] 2 fixable with the --fix option "
         "(1 hidden fix can be enabled with the --unsafe-fixes option).",
     ]
@@ -103,7 +103,7 @@ def test_exit_zero_keeps_the_report_but_exits_0(project):
     project.copy("buggy.py")
     result = project.run("check", "--exit-zero", "buggy.py")
     assert result.returncode == 0
-    assert "Found 4 errors." in result.lines
+    assert "Found 4 findings (2 errors, 1 warning, 1 advice)." in result.lines
 
 
 def test_missing_path_is_an_error_but_the_others_are_checked(project):
@@ -111,7 +111,7 @@ def test_missing_path_is_an_error_but_the_others_are_checked(project):
     result = project.run("check", "nope.py", "buggy.py")
     assert result.returncode == 2
     assert "torchls: error: path not found: nope.py" in result.stderr
-    assert "Found 4 errors." in result.lines
+    assert "Found 4 findings (2 errors, 1 warning, 1 advice)." in result.lines
 
 
 def test_undecodable_and_binary_files_are_errors_next_to_reported_findings(project):
@@ -124,7 +124,7 @@ def test_undecodable_and_binary_files_are_errors_next_to_reported_findings(proje
     assert sorted(line.split(":")[0] for line in errors) == ["blob.py", "latin.py"]
     assert "utf-8" in result.stderr.lower()
     assert "binary" in result.stderr
-    assert "Found 4 errors." in result.lines
+    assert "Found 4 findings (2 errors, 1 warning, 1 advice)." in result.lines
 
 
 def test_coding_cookie_file_is_read_in_its_declared_encoding(project):
@@ -194,7 +194,7 @@ def test_stdin_with_fix_prints_the_fixed_source_and_reports_on_stderr(project):
     assert result.returncode == 1  # TL302 and TL303 remain
     assert "F.cross_entropy(logits, y)" in result.stdout
     assert "y.long()" in result.stdout
-    assert "Fixed 2 errors." in result.stderr
+    assert "Fixed 2 findings." in result.stderr
     assert "TL302" in result.stderr
 
 
@@ -222,3 +222,11 @@ def test_no_command_prints_help_and_exits_2(project):
     result = project.run()
     assert result.returncode == 2
     assert "check" in result.stderr
+
+
+def test_a_missing_path_alone_never_reads_as_all_checks_passed(project):
+    result = project.run("check", "does_not_exist.py")
+    assert result.returncode == 2
+    assert "torchls: error: path not found: does_not_exist.py" in result.stderr
+    assert "All checks passed!" not in result.stdout
+    assert result.lines == ["No findings in the files checked; some paths could not be checked."]

@@ -11,8 +11,8 @@ def test_fix_applies_safe_fixes_and_keeps_unsafe_ones_reported(project):
     path = project.copy("buggy.py")
     result = project.run("check", "--fix", "buggy.py")
     assert result.returncode == 1  # TL302 (unsafe fix) and TL303 (no fix) remain
-    assert "Fixed 2 errors." in result.lines
-    assert "Found 2 errors." in result.lines
+    assert "Fixed 2 findings." in result.lines
+    assert "Found 2 findings (1 warning, 1 advice)." in result.lines
     assert result.lines[-1] == (
         "No fixes available (1 hidden fix can be enabled with the --unsafe-fixes option)."
     )
@@ -40,7 +40,7 @@ def test_fix_with_unsafe_fixes_applies_unsafe_ones_too(project):
     path = project.copy("buggy.py")
     result = project.run("check", "--fix", "--unsafe-fixes", "buggy.py")
     assert result.returncode == 1  # TL303 has no fix
-    assert "Fixed 3 errors." in result.lines
+    assert "Fixed 3 findings." in result.lines
     text = path.read_text(encoding="utf-8")
     ast.parse(text)
     assert 'torch.load(path, map_location="cpu")' in text
@@ -55,7 +55,7 @@ def test_fixing_everything_exits_0(project):
     )
     result = project.run("check", "--fix", "train.py")
     assert result.returncode == 0
-    assert result.lines == ["Fixed 1 error.", "All checks passed!"]
+    assert result.lines == ["Fixed 1 finding.", "All checks passed!"]
     assert "F.cross_entropy(logits, y)" in path.read_text(encoding="utf-8")
 
 
@@ -118,5 +118,5 @@ def test_statistics_text(project):
         ("2", "TL302", "[ ] load-without-map-location"),
         ("2", "TL303", "[ ] load-weights-only-false"),
     ]
-    assert "Found 8 errors." in result.lines
+    assert "Found 8 findings (4 errors, 2 warnings, 2 advice)." in result.lines
     assert not any(line.startswith("a.py:") for line in result.lines)

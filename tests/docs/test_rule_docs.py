@@ -33,9 +33,9 @@ def github_anchor(heading: str) -> str:
 
 
 def test_rules_md_is_generated_from_the_registry():
-    assert RULES_MD.is_file(), "run `python -m torchls.docs --rules-md`"
+    assert RULES_MD.is_file(), "run `python -m torchls.docs --write`"
     assert RULES_MD.read_text(encoding="utf-8") == rules_markdown(), (
-        "docs/rules.md is out of date: run `python -m torchls.docs --rules-md`"
+        "docs/rules.md is out of date: run `python -m torchls.docs --write`"
     )
 
 

@@ -122,6 +122,22 @@ async def test_fix_all_applies_only_safe_fixes(client: RecordingClient, tmp_path
     assert codes(await diagnostics_of(client, doc, since)) == ["TL302"]
 
 
+async def test_fix_all_leaves_a_file_with_a_syntax_error_untouched(
+    client: RecordingClient, tmp_path
+):
+    """Like `torchls check --fix`, fix-all never rewrites a file that does not parse (its fix
+    spans could be stale): the safe fixes are still reported, but no edit is offered."""
+    broken = MIXED + "\n\ndef broken(:\n    pass\n"
+    since = len(client.publishes)
+    doc = open_doc(client, tmp_path / "train.py", broken)
+    assert "TL101" in codes(await diagnostics_of(client, doc, since))
+
+    actions = await request_actions(client, doc, whole(broken), [], only=["source.fixAll"])
+
+    assert actions == []
+    assert doc.text == broken
+
+
 async def test_only_filters_the_kinds(client: RecordingClient, tmp_path):
     since = len(client.publishes)
     doc = open_doc(client, tmp_path / "train.py", MIXED)

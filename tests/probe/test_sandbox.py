@@ -1,10 +1,13 @@
-"""Real escape attempts against the sandbox: network, writes, fork bombs, secrets in the env."""
+"""Real escape attempts against the sandbox: network, writes, fork bombs, secrets in the env;
+and the plan's two halves, deciding which layers hold and wording them for the report."""
 
 from __future__ import annotations
 
 import os
 import socket
+import sys
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,7 @@ import pytest
 from tests.probe import cases
 from tests.probe.support import bwrap_usable, layer, leftovers
 from torchls.probe.cgroup import PidsCgroup
+from torchls.probe.sandbox import Decisions, describe_layers, limit_layers, limits_for, plan
 
 needs_bwrap = pytest.mark.skipif(not bwrap_usable(), reason="bubblewrap is not usable here")
 
@@ -92,3 +96,69 @@ def test_pids_cgroup_is_removed_after_use():
     assert (path / "pids.max").read_text().strip() == "8"
     group.close()
     assert not path.exists()
+
+
+def _decisions(**changes) -> Decisions:
+    base = Decisions(
+        bwrap=False,
+        bwrap_detail="disabled by request",
+        view=None,
+        unshare_net=True,
+        refused=("AWS_SECRET_ACCESS_KEY",),
+        root=False,
+        pids_cgroup=False,
+        process_count=7,
+        nproc=7 + 256,
+        seccomp=True,
+        outputs=True,
+        results=False,
+        own_namespaces=False,
+    )
+    return replace(base, **changes)
+
+
+def test_layer_wording_is_a_function_of_the_decisions_alone():
+    """`plan` decides, `describe_layers` words: the same decisions give the same report, and
+    each decision shows in its own layer."""
+    limits = limits_for(4096, 60.0, 256, 256, "cpu")
+    layers = {layer.name: layer for layer in describe_layers(_decisions(), limits)}
+    assert describe_layers(_decisions(), limits) == list(layers.values())
+    assert list(layers)[-3:] == ["processes", "environment", "kernel_objects"]
+    assert layers["network"].held and "unshare(2)" in layers["network"].detail
+    assert not layers["filesystem"].held
+    assert layers["processes"].detail == "RLIMIT_NPROC 263 (this user's 7 processes + 256)"
+    assert layers["environment"].detail.endswith("refused: AWS_SECRET_ACCESS_KEY")
+    root = {
+        layer.name: layer for layer in describe_layers(_decisions(root=True, nproc=None), limits)
+    }
+    assert not root["processes"].held and "root is exempt" in root["processes"].detail
+    unfiltered = describe_layers(_decisions(seccomp=False), limits)
+    assert not unfiltered[-1].held and unfiltered[-1].name == "kernel_objects"
+
+
+def test_a_plan_reports_the_layers_its_decisions_describe(tmp_path):
+    limits = limits_for(4096, 60.0, 256, 256, "cpu")
+    launch = plan(
+        python=Path(sys.executable),
+        probe_dir=tmp_path,
+        scratch=tmp_path,
+        cwd=tmp_path,
+        read_paths=[],
+        limits=limits,
+        mode="none",
+    )
+    try:
+        names = [layer.name for layer in launch.layers]
+        assert names[:7] == [
+            "bubblewrap",
+            "network",
+            "filesystem",
+            "home",
+            "disk",
+            "probe_code",
+            "pid_namespace",
+        ]
+        # The rlimit layers are `limit_layers`, the wording the warm worker reuses for its runs.
+        assert launch.layers[8:11] == limit_layers(limits)
+    finally:
+        launch.close()

@@ -5,6 +5,9 @@ format of the `.expected` files kept next to each fixture. A fixture in `fixture
 checked with rule TLxxx alone, so a new rule never changes another rule's golden files; that
 negative fixtures stay quiet under every rule is a separate test. Regenerate a file by
 hand-checking `python -m tests.rules.golden FIXTURE.py` output; never copy it over blindly.
+`python -m tests.rules.golden --write-missing [FIXTURE.py...]` creates the `.expected` files that
+do not exist yet (every fixture's, or the named ones'; an empty file for a quiet negative) and
+prints what it wrote, for that hand check; it never touches an existing file.
 """
 
 from __future__ import annotations
@@ -45,6 +48,30 @@ def fixture_files() -> list[Path]:
     return sorted(FIXTURES.glob("*/*.py"))
 
 
-if __name__ == "__main__":
-    for argument in sys.argv[1:]:
+def write_missing(fixtures: list[Path]) -> list[Path]:
+    """Write the `.expected` file of each fixture that has none; the files written."""
+    written = []
+    for fixture in fixtures:
+        expected = fixture.with_suffix(".expected")
+        if expected.exists():
+            continue
+        lines = rendered(fixture)
+        expected.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+        written.append(expected)
+    return written
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--write-missing"]:
+        fixtures = [Path(argument) for argument in argv[1:]] or fixture_files()
+        for path in write_missing(fixtures):
+            body = path.read_text(encoding="utf-8")
+            print(f"wrote {path} (check it by hand):\n{body or '(no findings)'}")
+        return 0
+    for argument in argv:
         print("\n".join(rendered(Path(argument))))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,43 +1,33 @@
-"""Every rule is documented and registered exactly as the public catalog (shared/rules.md) says."""
+"""Every rule is documented and registered exactly as the catalog says.
+
+The catalog's copy is `tests/rules/catalog.md`; where the public one (`../shared/rules.md`, as
+CI lays it out) is beside the checkout, the copy must say what it says.
+"""
 
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from torchls.analysis import all_rules, get_rule
 
-
-def _catalog_path() -> Path:
-    """`../shared/rules.md` beside the checkout (as CI lays it out); for a scratch clone of a
-    local checkout, the one beside the repository it was cloned from."""
-    root = Path(__file__).resolve().parents[2]
-    candidate = root.parent / "shared" / "rules.md"
-    if candidate.exists():
-        return candidate
-    origin = subprocess.run(
-        ["git", "-C", str(root), "config", "--get", "remote.origin.url"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
-    if origin and Path(origin).is_dir():
-        return Path(origin).resolve().parent / "shared" / "rules.md"
-    return candidate
+ROOT = Path(__file__).resolve().parents[2]
+# The catalog's copy inside the repository: the rule tests read this one, so a checkout on its
+# own (no ../shared beside it) still runs them. The public catalog is ../shared/rules.md.
+CATALOG = Path(__file__).with_name("catalog.md")
+SHARED_CATALOG = ROOT.parent / "shared" / "rules.md"
 
 
-CATALOG = _catalog_path()
 SECTIONS = ("## What it catches", "## Why it is wrong", "## Example", "## Fix")
 
 
-def _catalog() -> dict[str, tuple[str, str, str]]:
+def _catalog(path: Path = CATALOG) -> dict[str, tuple[str, str, str]]:
     rows = {}
     for match in re.finditer(
         r"^\| (TL\d{3}) \| ([a-z0-9-]+) \| ([EWI]) \| [^|]*\|(?: ([^|]*)\|)?",
-        CATALOG.read_text(),
+        path.read_text(),
         re.MULTILINE,
     ):
         rows[match.group(1)] = (match.group(2), match.group(3), (match.group(4) or "").strip())
@@ -87,3 +77,48 @@ def test_probe_finding_is_documented_as_the_catalog_says(code: str) -> None:
 
 def test_probe_findings_are_not_static_rules() -> None:
     assert not any(rule.code.startswith("TL9") for rule in all_rules())
+
+
+def test_catalog_copy_says_what_the_shared_catalog_says() -> None:
+    """The copy follows the public catalog: same codes, names, severities and fix kinds. A
+    checkout without ../shared checks the copy is a usable catalog instead."""
+    copy = _catalog()
+    assert {code for code in copy if not code.startswith("TL9")} >= {r.code for r in all_rules()}
+    if SHARED_CATALOG.exists():
+        assert copy == _catalog(SHARED_CATALOG), (
+            f"tests/rules/catalog.md differs from {SHARED_CATALOG}: copy it over"
+        )
+
+
+def test_the_rule_tests_pass_in_a_checkout_without_shared(tmp_path: Path) -> None:
+    """A copy of the repository with no ../shared beside it (a fork, a tarball) runs these
+    tests against the catalog's copy; they used to fail with FileNotFoundError."""
+    import shutil
+    import subprocess
+    import sys
+
+    copy = tmp_path / "checkout"
+    (copy / "tests" / "rules").mkdir(parents=True)
+    shutil.copy(ROOT / "pyproject.toml", copy)
+    for name in ("test_docs.py", "catalog.md"):
+        shutil.copy(Path(__file__).with_name(name), copy / "tests" / "rules" / name)
+    assert not (copy.parent / "shared").exists()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/rules",
+            "-k",
+            "not without_shared",
+        ],
+        cwd=copy,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert " passed" in done.stdout and "error" not in done.stdout.lower()

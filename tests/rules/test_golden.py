@@ -47,3 +47,34 @@ def test_rule_has_positive_and_negative_fixtures(rule) -> None:
 )
 def test_negative_fixture_is_silent_under_every_rule(fixture: Path) -> None:
     assert findings_for(fixture) == [], f"{rule_of(fixture)}/{fixture.name} is not quiet"
+
+
+def test_golden_helper_writes_only_missing_expected_files(tmp_path: Path) -> None:
+    """`--write-missing` creates the `.expected` of a new fixture (empty for a quiet one) and
+    leaves an existing one, even a wrong one, for a person to fix."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "TL101"
+    folder.mkdir()
+    for name in ("pos_exp_log_softmax", "neg_softmax_for_metrics"):
+        (folder / f"{name}.py").write_bytes((FIXTURES / "TL101" / f"{name}.py").read_bytes())
+    kept = folder / "pos_exp_log_softmax.expected"
+    kept.write_text("hand-written\n", encoding="utf-8")
+    new_pos = folder / "pos_copy.py"
+    new_pos.write_bytes((FIXTURES / "TL101" / "pos_exp_log_softmax.py").read_bytes())
+    fixtures = sorted(folder.glob("*.py"))
+
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.rules.golden", "--write-missing", *map(str, fixtures)],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+
+    assert kept.read_text(encoding="utf-8") == "hand-written\n"
+    assert (folder / "neg_softmax_for_metrics.expected").read_text(encoding="utf-8") == ""
+    expected = (FIXTURES / "TL101" / "pos_exp_log_softmax.expected").read_text(encoding="utf-8")
+    assert new_pos.with_suffix(".expected").read_text(encoding="utf-8") == expected
+    assert "pos_copy.expected" in done.stdout and "(no findings)" in done.stdout

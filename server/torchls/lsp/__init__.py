@@ -30,6 +30,7 @@ def create_server() -> TorchLanguageServer:
     )
 
     server = TorchLanguageServer()
+    server.docs.register()  # text sync first: every feature works on its documents
     configuration.register(server)
     diagnostics.register(server)
     code_actions.register(server)

@@ -28,20 +28,19 @@ import logging
 from lsprotocol import types
 from pygls.capabilities import get_capability
 
-from torchls.analysis import Finding, analyze
-from torchls.analysis.fixes import apply_fixes, fixes_to_apply
+from torchls.analysis import Finding
+from torchls.analysis.fix_engine import fix_until_stable, is_safe
 from torchls.analysis.noqa import add_code_to_line
-from torchls.lsp.diagnostics import SOURCE, to_diagnostics
+from torchls.lsp.commands import REPRO_KIND, SHOW_RULE_DOC
+from torchls.lsp.convert import SOURCE, to_diagnostics
+from torchls.lsp.documents import Outcome, Snapshot, selection_for
 from torchls.lsp.positions import LineIndex
-from torchls.lsp.repro import REPRO_KIND
-from torchls.lsp.rule_docs import SHOW_RULE_DOC
-from torchls.lsp.server import Outcome, Snapshot, TorchLanguageServer, selection_for
+from torchls.lsp.server import TorchLanguageServer
 from torchls.lsp.settings import Settings
 
 logger = logging.getLogger(__name__)
 
 FIX_ALL_KIND = f"{types.CodeActionKind.SourceFixAll.value}.{SOURCE}"
-MAX_FIX_PASSES = 5
 
 
 def _wanted(kind: str, only: list[str] | None) -> bool:
@@ -108,7 +107,7 @@ def _fix_action(
     fix = finding.fix
     if fix is None:
         return None
-    unsafe = fix.applicability != "safe"
+    unsafe = not is_safe(finding)
     title = f"Fix {finding.code}: {fix.message}" + (" (unsafe)" if unsafe else "")
     edits = [types.TextEdit(range=index.range(e.span), new_text=e.content) for e in fix.edits]
     return types.CodeAction(
@@ -159,17 +158,13 @@ def _doc_action(finding: Finding, diagnostic: types.Diagnostic) -> types.CodeAct
 def fix_all_text(
     text: str, path: str | None, config_start: str | None, settings: Settings, uri: str
 ) -> str:
-    """Run on the worker thread: `text` with every safe fix applied, pass after pass."""
+    """Run on the worker thread: `text` with every safe fix applied by the engine `--fix`
+    uses (a text that does not parse comes back unchanged)."""
     selection, relative, _ = selection_for(path, config_start, settings)
-    filename = path or uri
-    for _ in range(MAX_FIX_PASSES):
-        result = analyze(text, filename, enabled=lambda code: selection.enabled(code, relative))
-        if result.error is not None:
-            break
-        text, applied = apply_fixes(text, fixes_to_apply(result.findings, unsafe=False))
-        if applied == 0:
-            break
-    return text
+    outcome = fix_until_stable(
+        text, path or uri, lambda code: selection.enabled(code, relative), unsafe=False
+    )
+    return outcome.text
 
 
 def minimal_edit(index: LineIndex, new_text: str) -> types.TextEdit:
@@ -201,14 +196,14 @@ def minimal_edit(index: LineIndex, new_text: str) -> types.TextEdit:
 async def _fix_all_action(
     server: TorchLanguageServer, snapshot: Snapshot, outcome: Outcome
 ) -> types.CodeAction | None:
-    if not any(f.fix is not None and f.fix.applicability == "safe" for f in outcome.findings):
+    if not any(is_safe(f) for f in outcome.findings):
         return None
     loop = asyncio.get_running_loop()
     new_text = await loop.run_in_executor(
-        server.analysis_pool,
+        server.docs.analysis_pool,
         fix_all_text,
         snapshot.source,
-        *server.paths_of(snapshot.uri),
+        *server.docs.paths_of(snapshot.uri),
         server.settings,
         snapshot.uri,
     )
@@ -227,14 +222,14 @@ async def code_actions(
 ) -> list[types.CodeAction] | None:
     """All torchls actions for the requested range and kinds."""
     uri = params.text_document.uri
-    await server.wait_for_settings()
-    snapshot = server.snapshot(uri)
+    await server.docs.wait_for_settings()
+    snapshot = server.docs.snapshot(uri)
     if snapshot is None or not server.settings.enable:
         return None
     only = [
         str(kind.value if hasattr(kind, "value") else kind) for kind in params.context.only or []
     ]
-    outcome = await server.analyse(snapshot)
+    outcome = await server.docs.analyse(snapshot)
     if outcome.error is not None:
         return None
     actions: list[types.CodeAction] = []
@@ -286,7 +281,7 @@ async def code_actions(
     if _wanted(REPRO_KIND, only) and server.repro is not None:
         if (action := await server.repro.code_action(snapshot, params.range)) is not None:
             actions.append(action)
-    if not server.is_current(snapshot):
+    if not server.docs.is_current(snapshot):
         return None  # the text changed meanwhile; these edits would no longer apply
     return actions or None
 

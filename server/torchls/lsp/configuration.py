@@ -18,7 +18,6 @@ from typing import Any
 from lsprotocol import types
 from pygls.capabilities import get_capability
 
-from torchls.lsp.diagnostics import republish_all
 from torchls.lsp.server import TorchLanguageServer
 from torchls.lsp.settings import (
     SECTION,
@@ -135,7 +134,7 @@ def register(server: TorchLanguageServer) -> None:
         if _supports_configuration(ls) and await refresh_settings(ls, layers):
             # Only matters when a document's wait for settings timed out meanwhile: its
             # request is superseded by this one, so it is never published twice.
-            republish_all(ls)
+            ls.settings_changed()
         await _register_configuration_notifications(ls)
         for hook in ls.initialized_hooks:
             await hook()
@@ -151,16 +150,13 @@ def register(server: TorchLanguageServer) -> None:
             layers.workspace = unwrap_section(params.settings)
             ls.set_settings(layers.effective(ls))
         # Re-analyse even when the settings are unchanged: pyproject.toml may have changed too.
-        ls.forget_results()
-        republish_all(ls)
+        ls.settings_changed()
 
     @server.feature(types.SHUTDOWN)
     def shutdown(ls: TorchLanguageServer, params: None) -> None:
-        for state in ls.documents.values():
-            state.cancel_all()
         for hook in ls.shutdown_hooks:
             try:
                 hook()
             except Exception:  # shutting down must always succeed
                 logger.exception("a shutdown hook failed")
-        ls.analysis_pool.shutdown(wait=False, cancel_futures=True)
+        ls.docs.shutdown()

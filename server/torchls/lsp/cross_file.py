@@ -3,7 +3,8 @@
 In: `workspace/didChangeWatchedFiles` (registered dynamically when the client supports it).
 Out: the analysis workspace forgets what it knew about those files, and open documents whose
 findings came through them are re-checked. Edits to *open* documents are handled as they
-happen (`diagnostics.refresh_dependents`); this covers files changed outside the editor.
+happen (`documents.Documents`); this covers files changed outside the editor. It asks the
+documents for a re-check (`refresh`), whose results reach every subscribed feature.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from lsprotocol import types
 from pygls.capabilities import get_capability
 from pygls.uris import to_fs_path
 
-from torchls.lsp.diagnostics import request_diagnostics
 from torchls.lsp.server import TorchLanguageServer
 
 logger = logging.getLogger(__name__)
@@ -50,17 +50,17 @@ def files_changed(server: TorchLanguageServer, params: types.DidChangeWatchedFil
         return
     created_or_deleted = any(c.type != types.FileChangeType.Changed for c in params.changes)
     affected = set()
-    if server._project is not None and not created_or_deleted:
+    if server.docs.has_project and not created_or_deleted:
         for path in paths:
-            affected |= server.project.dependents_of(path)
-    server.dependencies_changed(paths)
-    for uri in list(server.documents):
+            affected |= server.docs.project.dependents_of(path)
+    server.docs.dependencies_changed(paths)
+    for uri in list(server.docs.states):
         own = to_fs_path(uri)
         if own is None:
             continue
         # A new or deleted module can change where any import resolves: re-check everything.
         if created_or_deleted or Path(own).resolve() in affected:
-            request_diagnostics(server, uri, "dependency")
+            server.docs.refresh(uri, "dependency")
 
 
 def register(server: TorchLanguageServer) -> None:

@@ -1,123 +1,33 @@
-"""Diagnostics: findings → LSP `Diagnostic`s, pushed on open/change/save or pulled on request.
+"""Diagnostics: analysis results → `publishDiagnostics`, or answers to pull requests.
 
-In: document events and `textDocument/diagnostic` requests. Out: `publishDiagnostics`
-notifications (push, the default) or diagnostic reports (pull, only for clients that announce
+In: `Results` events from the open documents (`documents.Documents`, which owns text sync,
+snapshots, the analysis and its cache, and decides which request may publish), settings
+changes, and `textDocument/diagnostic` requests. Out: `publishDiagnostics` notifications
+(push, the default) or diagnostic reports (pull, only for clients that announce
 `textDocument.diagnostic`; then nothing is pushed to them, as esbonio does).
 
-Stale results are never published: each request takes a numbered snapshot of the text, the
-newest request that decides to publish "claims" the document and cancels older work, and a
-result is dropped unless its request still holds the claim and (when running on type) its
-snapshot still is the document's text.
+The push path is one-way: documents → this module (conversion in `convert`, the repro's
+layers) → the client. A result is dropped unless its request still holds the document's claim
+and (when running on type) its snapshot still is the document's text, checked again after the
+layers ran.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from pathlib import Path
-from typing import Any, Literal
 
 from lsprotocol import types
 from pygls.capabilities import get_capability
 from pygls.exceptions import JsonRpcException
-from pygls.uris import from_fs_path, to_fs_path
 
-from torchls.analysis import Finding
-from torchls.lsp.positions import LineIndex
-from torchls.lsp.server import DocumentState, Outcome, Snapshot, TorchLanguageServer
+from torchls.lsp.convert import SOURCE, to_diagnostics
+from torchls.lsp.documents import Results, Snapshot
+from torchls.lsp.server import TorchLanguageServer
 
 logger = logging.getLogger(__name__)
 
-SOURCE = "torchls"
-Trigger = Literal["open", "change", "save", "settings", "dependency", "repro"]
-
-SEVERITIES = {
-    "error": types.DiagnosticSeverity.Error,
-    "warning": types.DiagnosticSeverity.Warning,
-    "information": types.DiagnosticSeverity.Information,
-}
-
-
-def finding_data(finding: Finding, version: int | None) -> dict[str, Any]:
-    """What a diagnostic carries for code actions and clients: fixability and the noqa line."""
-    fix = finding.fix
-    return {
-        "version": version,
-        "fix": None
-        if fix is None
-        else {"applicability": fix.applicability, "message": fix.message},
-        "noqaLine": finding.span.start.row - 1,
-    }
-
-
-def _related_location(
-    server: TorchLanguageServer, uri: str, index: LineIndex, related: Any
-) -> types.DiagnosticRelatedInformation:
-    target_uri, target_index = uri, index
-    if related.filename is not None:
-        path = Path(related.filename)
-        if not path.is_absolute() and (own := to_fs_path(uri)) is not None:
-            path = Path(own).parent / path
-        target_uri = from_fs_path(str(path)) or uri
-        text = None
-        if target_uri in server.documents:
-            text = server.workspace.get_text_document(target_uri).source
-        else:
-            with contextlib.suppress(OSError, UnicodeDecodeError):
-                text = path.read_text(encoding="utf-8")
-        # Without the other file's text, code-point columns are the best available guess.
-        target_index = server.line_index(text) if text is not None else LineIndex("", "utf-32")
-    return types.DiagnosticRelatedInformation(
-        location=types.Location(uri=target_uri, range=target_index.range(related.span)),
-        message=related.message,
-    )
-
-
-def _note(message: str) -> types.Diagnostic:
-    """An information diagnostic at the top of the file, about the analysis itself."""
-    return types.Diagnostic(
-        range=types.Range(types.Position(0, 0), types.Position(0, 0)),
-        message=message,
-        severity=types.DiagnosticSeverity.Information,
-        source=SOURCE,
-    )
-
-
-def to_diagnostics(
-    server: TorchLanguageServer, outcome: Outcome, related_support: bool
-) -> list[types.Diagnostic]:
-    """The LSP diagnostics for one analysis outcome, in the snapshot's coordinates."""
-    diagnostics = []
-    if outcome.error:
-        # A file torchls could not analyse (too large, not text, an internal error) must not
-        # look like a clean one.
-        diagnostics.append(_note(f"torchls: not analysed: {outcome.error}"))
-    if outcome.stopped_early:
-        # Silence would read as "no bugs"; say that part of the file went unchecked.
-        diagnostics.append(_note(f"torchls: {outcome.stopped_early}"))
-    if not outcome.findings:
-        return diagnostics
-    snapshot = outcome.snapshot
-    index = server.line_index(snapshot.source)
-    for finding in outcome.findings:
-        related = None
-        if related_support and finding.related:
-            related = [
-                _related_location(server, snapshot.uri, index, item) for item in finding.related
-            ]
-        diagnostics.append(
-            types.Diagnostic(
-                range=index.range(finding.span),
-                message=finding.message,
-                severity=SEVERITIES.get(finding.severity, types.DiagnosticSeverity.Warning),
-                code=finding.code,
-                source=SOURCE,
-                related_information=related,
-                data=finding_data(finding, snapshot.version),
-            )
-        )
-    return diagnostics
+__all__ = ["SOURCE", "pull_diagnostics", "register"]
 
 
 def _related_support(server: TorchLanguageServer, pull: bool) -> bool:
@@ -136,79 +46,16 @@ def _related_support(server: TorchLanguageServer, pull: bool) -> bool:
 # -- push ---------------------------------------------------------------------------------------
 
 
-def request_diagnostics(server: TorchLanguageServer, uri: str, trigger: Trigger) -> None:
-    """Schedule a publish for `uri` after `trigger`; newer requests supersede older ones."""
-    state = server.documents.get(uri)
-    if state is None or server.pull_diagnostics:
-        return
-    snapshot = server.snapshot(uri)
-    if snapshot is None:
-        return
-    state.sequence += 1
-    state.keep(asyncio.ensure_future(_publish(server, state, state.sequence, trigger, snapshot)))
-
-
-def republish_all(server: TorchLanguageServer) -> None:
-    """After a settings change: fresh diagnostics for every open document."""
-    if server.pull_diagnostics:
-        refresh = get_capability(
-            server.client_capabilities, "workspace.diagnostics.refresh_support", False
-        )
-        if refresh:
-            server.workspace_diagnostic_refresh(None)
-        return
-    for uri in list(server.documents):
-        request_diagnostics(server, uri, "settings")
-
-
-async def _publish(
-    server: TorchLanguageServer,
-    state: DocumentState,
-    sequence: int,
-    trigger: Trigger,
-    snapshot: Snapshot,
-) -> None:
+async def publish(server: TorchLanguageServer, results: Results) -> None:
+    """Publish one document's results (the `Results` listener)."""
+    related = _related_support(server, pull=False)
+    diagnostics: list[types.Diagnostic] = []
+    snapshot = results.snapshot
     try:
-        await server.wait_for_settings()
-        settings = server.settings
-        if settings.run == "onSave":
-            if trigger in ("change", "dependency"):
-                return  # typing does not publish; the diagnostics of the last save stay
-            if trigger in ("settings", "repro") and state.saved is not None:
-                snapshot = state.saved
-        if sequence < state.claimed:
-            return  # a newer request already owns this document's next publish
-        state.claimed = sequence
-        current = asyncio.current_task()
-        if state.task is not None and state.task is not current and not state.task.done():
-            state.task.cancel()  # drops its queued analysis too
-        state.task = current
-        diagnostics: list[types.Diagnostic] = []
-        outcome = None
-        related = _related_support(server, pull=False)
-        if settings.enable:
-            outcome = await server.analyse(snapshot)
-            diagnostics = to_diagnostics(server, outcome, related)
-            diagnostics = await server.layered_diagnostics(snapshot, diagnostics, related)
-        if not _still_wanted(server, state, sequence, snapshot):
-            return
-        server.text_document_publish_diagnostics(
-            types.PublishDiagnosticsParams(
-                uri=snapshot.uri, version=snapshot.version, diagnostics=diagnostics
-            )
-        )
-        if outcome is None or not outcome.needs_cross_file:
-            return
-        # In-file findings are out; now follow imports into other project files (jedi), off
-        # the typing path, and publish again only if that found something different.
-        full = await server.analyse(snapshot, cross_file=True)
-        if full.findings == outcome.findings or not _still_wanted(
-            server, state, sequence, snapshot
-        ):
-            return
-        diagnostics = to_diagnostics(server, full, related)
-        diagnostics = await server.layered_diagnostics(snapshot, diagnostics, related)
-        if not _still_wanted(server, state, sequence, snapshot):
+        if server.settings.enable:
+            diagnostics = to_diagnostics(server, results.outcome, related, results.encoding)
+            diagnostics = await layered_diagnostics(server, snapshot, diagnostics, related)
+        if not _still_wanted(server, results):
             return
         server.text_document_publish_diagnostics(
             types.PublishDiagnosticsParams(
@@ -221,13 +68,43 @@ async def _publish(
         logger.exception("publishing diagnostics for %s failed", snapshot.uri)
 
 
-def _still_wanted(
-    server: TorchLanguageServer, state: DocumentState, sequence: int, snapshot: Snapshot
-) -> bool:
-    if server.documents.get(snapshot.uri) is not state or state.claimed != sequence:
+def _still_wanted(server: TorchLanguageServer, results: Results) -> bool:
+    """The same test the documents made before handing `results` on, made again after the
+    layers' awaits, from the data the event carries (pygls holds the current text)."""
+    state, snapshot = results.state, results.snapshot
+    if state.closed or state.claimed != results.sequence:
         return False  # closed, reopened or superseded while we worked
+    if not results.on_type:
+        return True
     # An outdated version is never published: the request for the newer one does that.
-    return not (server.settings.run == "onType" and not server.is_current(snapshot))
+    document = server.workspace.get_text_document(snapshot.uri)
+    return document.version == snapshot.version and document.source == snapshot.source
+
+
+async def layered_diagnostics(
+    server: TorchLanguageServer,
+    snapshot: Snapshot,
+    diagnostics: list[types.Diagnostic],
+    related_support: bool,
+) -> list[types.Diagnostic]:
+    """`diagnostics` (the static ones of `snapshot`) with every diagnostic layer applied."""
+    for layer in server.diagnostic_layers:
+        try:
+            diagnostics = await layer(snapshot, diagnostics, related_support)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a layer's bug must not cost the user the static findings
+            logger.exception("a diagnostic layer failed for %s", snapshot.uri)
+    return diagnostics
+
+
+def _ask_client_to_pull(server: TorchLanguageServer) -> None:
+    """Pull clients see new settings or repro results only when they pull again."""
+    refresh = get_capability(
+        server.client_capabilities, "workspace.diagnostics.refresh_support", False
+    )
+    if refresh:
+        server.workspace_diagnostic_refresh(None)
 
 
 # -- pull ---------------------------------------------------------------------------------------
@@ -238,11 +115,11 @@ async def pull_diagnostics(
 ) -> types.FullDocumentDiagnosticReport:
     """Answer `textDocument/diagnostic` for one document."""
     uri = params.text_document.uri
-    await server.wait_for_settings()
+    await server.docs.wait_for_settings()
     settings = server.settings
-    state = server.documents.get(uri)
+    state = server.docs.states.get(uri)
     if state is not None:
-        snapshot = server.snapshot(uri)
+        snapshot = server.docs.snapshot(uri)
         if settings.run == "onSave" and state.saved is not None:
             snapshot = state.saved
     else:
@@ -254,8 +131,8 @@ async def pull_diagnostics(
     if snapshot is None or not settings.enable:
         return types.FullDocumentDiagnosticReport(items=[], result_id=None)
     # A pull answers once, so it includes what other project files contribute.
-    outcome = await server.analyse(snapshot, cross_file=True)
-    if state is not None and settings.run == "onType" and not server.is_current(snapshot):
+    outcome = await server.docs.analyse(snapshot, cross_file=True)
+    if state is not None and settings.run == "onType" and not server.docs.is_current(snapshot):
         # The text changed while we analysed: ask the client to pull again rather than hand it
         # diagnostics for a version it no longer has.
         raise JsonRpcException(
@@ -265,7 +142,7 @@ async def pull_diagnostics(
         )
     related = _related_support(server, pull=True)
     items = to_diagnostics(server, outcome, related)
-    items = await server.layered_diagnostics(snapshot, items, related)
+    items = await layered_diagnostics(server, snapshot, items, related)
     return types.FullDocumentDiagnosticReport(
         items=items,
         result_id=f"{snapshot.version}:{server.settings_generation}:{server.repro_store.generation}",
@@ -276,7 +153,7 @@ def _enable_pull(server: TorchLanguageServer, params: types.InitializeParams) ->
     """Register pull diagnostics only for clients that announce them (esbonio's switch)."""
     if get_capability(params.capabilities, "text_document.diagnostic", None) is None:
         return
-    server.pull_diagnostics = True
+    server.docs.push = False  # the documents push no results; the client asks for them
 
     @server.feature(
         types.TEXT_DOCUMENT_DIAGNOSTIC,
@@ -290,59 +167,16 @@ def _enable_pull(server: TorchLanguageServer, params: types.InitializeParams) ->
         return await pull_diagnostics(ls, params)
 
 
-def refresh_dependents(server: TorchLanguageServer, uri: str) -> None:
-    """`uri` changed: re-check the open documents whose findings came through it (a model
-    class's forward, a factory) so they never show results for its old text."""
-    path = to_fs_path(uri)
-    if path is None or server._project is None:
-        return
-    dependents = server.project.dependents_of(path)
-    if not dependents:
-        return
-    server.dependencies_changed()
-    for other in list(server.documents):
-        own = to_fs_path(other)
-        if other != uri and own is not None and Path(own).resolve() in dependents:
-            request_diagnostics(server, other, "dependency")
-
-
 # -- registration -------------------------------------------------------------------------------
 
 
 def register(server: TorchLanguageServer) -> None:
-    """Attach the document-sync and diagnostics handlers to `server`."""
+    """Subscribe to the documents' results and to settings changes, and answer pulls."""
     server.initialize_hooks.append(lambda params: _enable_pull(server, params))
 
-    @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
-    def did_open(ls: TorchLanguageServer, params: types.DidOpenTextDocumentParams) -> None:
-        uri = params.text_document.uri
-        if (old := ls.documents.get(uri)) is not None:
-            old.cancel_all()  # a repeated didOpen replaces the document
-        state = ls.documents[uri] = DocumentState()
-        state.saved = ls.snapshot(uri)
-        request_diagnostics(ls, uri, "open")
+    async def on_results(results: Results) -> None:
+        await publish(server, results)
 
-    @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
-    def did_change(ls: TorchLanguageServer, params: types.DidChangeTextDocumentParams) -> None:
-        uri = params.text_document.uri
-        request_diagnostics(ls, uri, "change")
-        refresh_dependents(ls, uri)
-
-    @server.feature(types.TEXT_DOCUMENT_DID_SAVE)
-    def did_save(ls: TorchLanguageServer, params: types.DidSaveTextDocumentParams) -> None:
-        uri = params.text_document.uri
-        if (state := ls.documents.get(uri)) is not None:
-            state.saved = ls.snapshot(uri)
-        ls.forget_results(uri)  # saving is when users expect pyproject.toml edits to count
-        request_diagnostics(ls, uri, "save")
-
-    @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
-    def did_close(ls: TorchLanguageServer, params: types.DidCloseTextDocumentParams) -> None:
-        uri = params.text_document.uri
-        state = ls.documents.pop(uri, None)
-        if state is not None:
-            state.cancel_all()
-        if not ls.pull_diagnostics:
-            ls.text_document_publish_diagnostics(
-                types.PublishDiagnosticsParams(uri=uri, diagnostics=[])
-            )
+    server.docs.result_listeners.append(on_results)
+    server.docs.pull_refresh_listeners.append(lambda: _ask_client_to_pull(server))
+    server.settings_listeners.append(lambda: server.docs.refresh_all("settings"))

@@ -1,10 +1,11 @@
 """Hover: the static contract of the loss under the cursor, and the last repro's trace.
 
 In: `textDocument/hover` at an LSP position. Out: Markdown from
-`torchls.analysis.loss_contract_at` when the cursor is on a loss, and from `repro_hover` when
-the last repro traced the line or the value under the cursor (both, one after the other, when
-both apply), or None. Clients that take only plain text get the same rendered by `plaintext`
-(tables aligned, no Markdown markers).
+`torchls.analysis.loss_contract_at` when the cursor is on a loss, and from the hover layers
+other features subscribe on the server (the repro's, when the last repro traced the line or the
+value under the cursor; both, one after the other, when both apply), or None. Clients that
+take only plain text get the same rendered by `plaintext` (tables aligned, no Markdown
+markers).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from lsprotocol import types
 from torchls.analysis import loss_contract_at
 from torchls.analysis.resolver import CachedView
 from torchls.lsp import plaintext
-from torchls.lsp.repro_hover import repro_hover
 from torchls.lsp.server import MAX_DOCUMENT_CHARS, TorchLanguageServer
 
 logger = logging.getLogger(__name__)
@@ -35,19 +35,19 @@ def _contract(
 
 async def hover(server: TorchLanguageServer, params: types.HoverParams) -> types.Hover | None:
     """The loss contract and the repro trace at `params.position`, or None."""
-    await server.wait_for_settings()
-    snapshot = server.snapshot(params.text_document.uri)
+    await server.docs.wait_for_settings()
+    snapshot = server.docs.snapshot(params.text_document.uri)
     if snapshot is None or not server.settings.enable:
         return None
     if len(snapshot.source) > MAX_DOCUMENT_CHARS:
         return None
     row, column = server.line_index(snapshot.source).from_position(params.position)
-    path, _ = server.paths_of(snapshot.uri)
+    path, _ = server.docs.paths_of(snapshot.uri)
     loop = asyncio.get_running_loop()
     # Names imported from other project files are followed as far as already resolved.
-    workspace = server.project.cached_view() if path is not None else None
+    workspace = server.docs.project.cached_view() if path is not None else None
     markdown = await loop.run_in_executor(
-        server.analysis_pool,
+        server.docs.analysis_pool,
         _contract,
         snapshot.source,
         row,
@@ -55,8 +55,9 @@ async def hover(server: TorchLanguageServer, params: types.HoverParams) -> types
         path or snapshot.uri,
         workspace,
     )
-    runtime = await repro_hover(server, snapshot, row, column)
-    parts = [part for part in (markdown, runtime) if part]
+    # What other features add (the repro's traced tensors), subscribed on the server.
+    runtime = [await layer(snapshot, row, column) for layer in server.hover_layers]
+    parts = [part for part in (markdown, *runtime) if part]
     if not parts:
         return None
     markdown = "\n\n---\n\n".join(parts)

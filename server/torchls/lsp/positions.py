@@ -18,6 +18,12 @@ UTF16 = "utf-16"
 UTF32 = "utf-32"
 
 
+def encoding_of(workspace: object) -> str:
+    """The position encoding negotiated for a pygls workspace, as a plain string."""
+    encoding = getattr(workspace, "position_encoding", None)
+    return str(encoding.value if hasattr(encoding, "value") else encoding or UTF16)
+
+
 def _units_of_char(char: str, encoding: str) -> int:
     code = ord(char)
     if encoding == UTF16:

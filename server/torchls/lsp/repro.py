@@ -41,11 +41,8 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import importlib.util
 import itertools
 import logging
-import shutil
-import sys
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -59,7 +56,7 @@ from pygls.uris import to_fs_path
 
 from torchls.lsp import plaintext
 from torchls.lsp import repro_messages as messages
-from torchls.lsp.diagnostics import republish_all, request_diagnostics
+from torchls.lsp.commands import CLEAR_REPRO, REPRO_KIND, RUN_REPRO  # names other features offer
 from torchls.lsp.repro_diagnostics import ProbeDiagnostics
 from torchls.lsp.repro_lookup import Region, repro_regions
 from torchls.lsp.repro_progress import ReproProgress
@@ -73,9 +70,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-RUN_REPRO = "torchls.runRepro"
-CLEAR_REPRO = "torchls.clearRepro"
-REPRO_KIND = "torchls.repro"
 ACTION_TITLE = "Run bounded repro"
 
 
@@ -106,20 +100,19 @@ def parse_run_arguments(arguments: tuple[Any, ...]) -> RunRequest:
     return RunRequest(uri, device, steps)
 
 
-def choose_python(setting: str | None, root: Path) -> tuple[str, str]:
+def choose_python(setting: str | None, root: Path, project: str | None = None) -> tuple[str, str]:
     """(interpreter, why it was chosen): the setting (which the VS Code extension fills with
-    the selected interpreter), else the project's virtual environment, else the server's own
-    interpreter when it has torch, else `python3`."""
-    from torchls.probe.locate import find_python
+    the selected interpreter), else `[tool.torchls.probe] python`, else what `torchls repro`
+    would choose (`torchls.probe.locate.choose_python`: the project's virtual environment, the
+    server's own interpreter when it has torch, `python3`)."""
+    from torchls.probe.locate import choose_python as locate_python
 
     if setting:
         return setting, f"`{messages.PYTHON_SETTING}`"
-    found = find_python(None, root)
-    if found != Path(sys.executable):
-        return str(found), "the project's virtual environment"
-    if importlib.util.find_spec("torch") is not None:
-        return sys.executable, "the interpreter running torchls"
-    return shutil.which("python3") or "python3", "`python3` on PATH, the default"
+    if project:
+        return project, "`python` in [tool.torchls.probe]"
+    found, reason = locate_python(None, root)
+    return str(found), reason
 
 
 # -- running --------------------------------------------------------------------------------------
@@ -348,16 +341,24 @@ class ReproController:
             outcome: Outcome
             python, source = "python", "unknown"
             try:
+                from torchls.config import config_or_defaults
                 from torchls.probe import ReproCancelled, ReproOptions, ReproUsageError
+                from torchls.probe.options import with_project
 
-                python, source = choose_python(probe.python, root)
-                options = ReproOptions(
-                    device=request.device or probe.device,
-                    steps=request.steps or probe.steps,
-                    timeout_s=probe.timeout,
-                    memory_mb=probe.memory,
-                    python=python,
-                    root=str(root),
+                # The same [tool.torchls.probe] reading as `torchls repro`: settings win, the
+                # project file fills the rest (a broken file was already reported as a warning).
+                project = config_or_defaults(path)[0].probe
+                python, source = choose_python(probe.python, root, project.get("python"))
+                options = with_project(
+                    ReproOptions(
+                        device=request.device or probe.device,
+                        steps=request.steps or probe.steps,
+                        timeout_s=probe.timeout,
+                        memory_mb=probe.memory,
+                        python=python,
+                        root=str(root),
+                    ),
+                    project,
                 )
                 baseline = read_baseline(path)
                 try:
@@ -456,14 +457,16 @@ class ReproController:
         return {"status": status, "message": message}
 
     def _refresh(self, paths: set[str]) -> None:
-        """New probe results for `paths`: re-publish (or have the client re-pull) them."""
-        if self.server.pull_diagnostics:
-            republish_all(self.server)
+        """New probe results for `paths`: the documents re-check them, and every subscribed
+        feature (diagnostics) gets the results (pull clients are asked to pull again)."""
+        docs = self.server.docs
+        if not docs.push:
+            docs.refresh_all("repro")
             return
-        for uri in list(self.server.documents):
+        for uri in list(docs.states):
             own = to_fs_path(uri)
             if own is not None and real_path(own) in paths:
-                request_diagnostics(self.server, uri, "repro")
+                docs.refresh(uri, "repro")
 
     async def clear(self, *arguments: Any) -> dict[str, Any]:
         uri = None
@@ -542,6 +545,13 @@ def register(server: TorchLanguageServer) -> ReproController:
     controller = ReproController(server)
     server.repro = controller
     server.diagnostic_layers.append(ProbeDiagnostics(server, server.repro_store))
+
+    async def hover_layer(snapshot: Snapshot, row: int, column: int) -> str | None:
+        from torchls.lsp.repro_hover import repro_hover
+
+        return await repro_hover(server, snapshot, row, column)
+
+    server.hover_layers.append(hover_layer)
     server.shutdown_hooks.append(controller.begin_close)
     server.initialize_hooks.append(lambda _params: remove_leftovers(server))
 

@@ -21,8 +21,8 @@ from lsprotocol import types
 from pygls.uris import from_fs_path, to_fs_path
 
 from torchls.analysis import Span
-from torchls.lsp.diagnostics import SEVERITIES, SOURCE
-from torchls.lsp.positions import LineIndex
+from torchls.lsp.convert import SEVERITIES, SOURCE
+from torchls.lsp.positions import LineIndex, encoding_of
 from torchls.lsp.repro_state import FileTrace, LineMap, ReproStore, real_path
 from torchls.lsp.server import Snapshot, TorchLanguageServer
 from torchls.probe import untrusted
@@ -61,7 +61,9 @@ class ProbeDiagnostics:
             return diagnostics
         result, trace = found
         mapping = trace.line_map(snapshot.version, snapshot.source)
-        index = self.server.line_index(snapshot.source)
+        # Built here, not through the server: this layer is the last stop of a document's
+        # one-way path to its diagnostics (documents → diagnostics → this layer).
+        index = LineIndex(snapshot.source, encoding_of(self.server.workspace))
         probe = []
         for item in trace.findings:
             span = probe_span(item, mapping)
@@ -125,7 +127,7 @@ class ProbeDiagnostics:
             return None
         found = self.store.newest_for(filename)
         trace: FileTrace | None = found[1] if found is not None else None
-        if uri in self.server.documents:
+        if uri in self.server.docs.states:
             document = self.server.workspace.get_text_document(uri)
             text, version = document.source, document.version
         elif trace is not None:
@@ -133,7 +135,7 @@ class ProbeDiagnostics:
             text, version = "\n".join(trace.baseline), None
         else:
             return None
-        index = self.server.line_index(text)
+        index = LineIndex(text, encoding_of(self.server.workspace))
         if trace is None:
             lines = index.lines
             return uri, index, LineMap(lines, lines)

@@ -38,13 +38,13 @@ from pygls.uris import from_fs_path
 from torchls.analysis import Rule, get_rule
 from torchls.docs import rule_anchor, rule_markdown
 from torchls.lsp import plaintext
+from torchls.lsp.commands import SHOW_RULE_DOC  # the name code actions offer
 from torchls.lsp.server import TorchLanguageServer
 from torchls.lsp.settings import SECTION
 from torchls.probe.leftovers import RULES, owned_prefix
 
 logger = logging.getLogger(__name__)
 
-SHOW_RULE_DOC = "torchls.showRuleDoc"
 DOCS_URL_ENV = "TORCHLS_DOCS_URL"
 
 

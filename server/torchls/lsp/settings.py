@@ -15,15 +15,14 @@ the wrong type are dropped with a problem message rather than guessed at.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from torchls.config import DEVICE_CHOICES, DEVICE_PATTERN
+
 SECTION = "torchls"
 RunMode = Literal["onType", "onSave"]
-# The probe's own pattern (torchls.probe.options), repeated so settings never import the probe.
-DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 
 @dataclass(frozen=True)
@@ -117,9 +116,7 @@ def _apply_probe(base: ProbeSettings, raw: Mapping[str, Any]) -> tuple[ProbeSett
         if isinstance(device, str) and DEVICE_PATTERN.match(device.strip()):
             changes["device"] = device.strip()
         else:
-            problems.append(
-                f"torchls.probe.device must be auto, cpu, cuda, cuda:N or mps, got {device!r}"
-            )
+            problems.append(f"torchls.probe.device must be {DEVICE_CHOICES}, got {device!r}")
     limits = (("steps", 1, True), ("timeout", 0, False), ("memory", 64, True))
     for key, minimum, integer in limits:
         if (value := raw.get(key)) is None:

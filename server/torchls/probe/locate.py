@@ -4,8 +4,8 @@ In: the options and the target file. Out: the `torchls_probe` package folder, wh
 a private read-only copy of on its PYTHONPATH (scratch.py), so that `python -m torchls_probe`
 works in an interpreter that does not have torchls installed (copied, because the folder torchls
 is installed in also holds torchls's own dependencies, which must not shadow the user's), and the
-interpreter to run (the `--python` option, else the project's own virtual environment, else the
-one running torchls).
+interpreter to run (`choose_python`: the `--python` option, else the project's own virtual
+environment, else the one running torchls when it has torch, else `python3`).
 """
 
 from __future__ import annotations
@@ -31,8 +31,16 @@ def probe_package() -> Path:
     raise ReproUsageError("the torchls_probe package is missing from this torchls installation")
 
 
-def find_python(explicit: str | None, root: Path) -> Path:
-    """The interpreter that has the user's torch."""
+VENV_REASON = "the project's virtual environment"
+OWN_REASON = "the interpreter running torchls"
+PATH_REASON = "`python3` on PATH, the default"
+
+
+def choose_python(explicit: str | None, root: Path) -> tuple[Path, str]:
+    """(the interpreter that has the user's torch, why it was chosen), the one choice both
+    `torchls repro` and the editor make: `explicit` (flag, setting or [tool.torchls.probe]),
+    else the project's virtual environment, else the interpreter running torchls when it has
+    torch, else `python3` on PATH (a torchls installed on its own, by pipx say, has no torch)."""
     if explicit:
         path = Path(explicit).expanduser()
         if not path.is_absolute() and os.sep not in explicit:
@@ -40,12 +48,20 @@ def find_python(explicit: str | None, root: Path) -> Path:
             path = Path(found) if found else path
         if not (path.is_file() and os.access(path, os.X_OK)):
             raise ReproUsageError(f"--python {explicit}: no executable interpreter there")
-        return path.absolute()
+        return path.absolute(), "the interpreter asked for"
     for folder in (root, *root.parents):
         for venv in (".venv", "venv"):
             candidate = folder / venv / "bin" / "python"
             if candidate.is_file() and os.access(candidate, os.X_OK):
-                return candidate
+                return candidate, VENV_REASON
         if (folder / ".git").exists() or (folder / "pyproject.toml").exists():
             break
-    return Path(sys.executable)
+    if importlib.util.find_spec("torch") is not None:
+        return Path(sys.executable), OWN_REASON
+    python3 = shutil.which("python3")
+    return (Path(python3), PATH_REASON) if python3 else (Path(sys.executable), OWN_REASON)
+
+
+def find_python(explicit: str | None, root: Path) -> Path:
+    """The interpreter that has the user's torch (see `choose_python`)."""
+    return choose_python(explicit, root)[0]

@@ -7,15 +7,31 @@ checks the values, raising `ReproUsageError` with a message fit for a person.
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
 
+# Defined once in the configuration service, which the CLI, the server and the probe share.
+from torchls.config import (
+    DEFAULT_DEVICE,
+    DEFAULT_MEMORY_MB,
+    DEFAULT_STEPS,
+    DEFAULT_TIMEOUT_S,
+    DEVICE_CHOICES,
+    DEVICE_PATTERN,
+)
 from torchls.probe.spec import ReproSpec
 
-DEFAULT_STEPS = 2
-DEFAULT_TIMEOUT_S = 60.0
-DEFAULT_MEMORY_MB = 4096
-DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+__all__ = [
+    "DEFAULT_MEMORY_MB",
+    "DEFAULT_STEPS",
+    "DEFAULT_TIMEOUT_S",
+    "DEVICE_PATTERN",
+    "ReproOptions",
+    "ReproUsageError",
+    "resolve_options",
+    "with_project",
+]
 
 
 class ReproUsageError(ValueError):
@@ -73,7 +89,7 @@ def resolve_options(options: ReproOptions, spec: ReproSpec | None) -> Resolved:
         return default if value is None else value
 
     resolved = Resolved(
-        device=str(pick("device", "device", "auto")),
+        device=str(pick("device", "device", DEFAULT_DEVICE)),
         steps=int(pick("steps", "steps", DEFAULT_STEPS)),  # type: ignore[arg-type]
         batches=pick("batches", "batches", None),  # type: ignore[arg-type]
         timeout_s=float(pick("timeout_s", "timeout", DEFAULT_TIMEOUT_S)),  # type: ignore[arg-type]
@@ -89,9 +105,7 @@ def resolve_options(options: ReproOptions, spec: ReproSpec | None) -> Resolved:
 
 def _check(resolved: Resolved) -> None:
     if not DEVICE_PATTERN.match(resolved.device):
-        raise ReproUsageError(
-            f"unknown device {resolved.device!r}: use auto, cpu, cuda, cuda:N or mps"
-        )
+        raise ReproUsageError(f"unknown device {resolved.device!r}: use {DEVICE_CHOICES}")
     if resolved.steps < 1:
         raise ReproUsageError("--steps must be at least 1")
     if resolved.batches is not None and resolved.batches < 1:
@@ -106,3 +120,25 @@ def _check(resolved: Resolved) -> None:
 
 def with_defaults(options: ReproOptions | None) -> ReproOptions:
     return options if options is not None else ReproOptions()
+
+
+# `[tool.torchls.probe]` key -> `ReproOptions` field.
+PROJECT_FIELDS = {
+    "device": "device",
+    "steps": "steps",
+    "timeout": "timeout_s",
+    "memory": "memory_mb",
+    "python": "python",
+}
+
+
+def with_project(options: ReproOptions, probe: Mapping[str, Any]) -> ReproOptions:
+    """`options` with what the user did not give filled from `[tool.torchls.probe]` (already
+    checked by `torchls.config`); flags and editor settings win over the project file. Both
+    `torchls repro` and the editor's repro call this, so the file means the same to both."""
+    given = {
+        field: probe[key]
+        for key, field in PROJECT_FIELDS.items()
+        if key in probe and getattr(options, field) is None
+    }
+    return replace(options, **given) if given else options

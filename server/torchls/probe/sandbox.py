@@ -290,6 +290,25 @@ def limits_for(
     )
 
 
+@dataclass(frozen=True)
+class Decisions:
+    """What `plan` decided, without a word of report text: which layers hold here and why."""
+
+    bwrap: bool  # the child runs inside bubblewrap
+    bwrap_detail: str  # bubblewrap's path, or why it is not used
+    view: View | None  # what the bubblewrap mounts hide and expose (None without bubblewrap)
+    unshare_net: bool  # without bubblewrap: the child unshares its network itself
+    refused: tuple[str, ...]  # environment variables not passed (secret-looking)
+    root: bool
+    pids_cgroup: bool
+    process_count: int | None  # this user's processes (None: root, or unknown)
+    nproc: int | None  # the RLIMIT_NPROC set (None: not set)
+    seccomp: bool  # the kernel-object filter installs here
+    outputs: bool  # report and output files bound one by one (a cold run)
+    results: bool  # a warm worker's results tmpfs
+    own_namespaces: bool
+
+
 def plan(
     *,
     python: Path,
@@ -311,19 +330,19 @@ def plan(
     folder for the reports and outputs of a warm worker's runs, a tmpfs of its own (twice the
     size of the others: a report and an output file of up to the file-size limit each).
     `own_namespaces`: the child makes namespaces itself (the warm worker's per-run PID
-    namespace), so user namespaces stay allowed inside; it drops their capabilities itself."""
+    namespace), so user namespaces stay allowed inside; it drops their capabilities itself.
+
+    Deciding (what holds here) and wording (the report's layers) are separate steps:
+    `describe_layers` turns the `Decisions` into text, and the warm worker reuses its parts."""
     ensure_supported()
     env, refused = child_environment(python, probe_dir, scratch, extra_env)
-    layers: list[Layer] = []
-    warnings = [
-        f"environment variable {name} not passed: it looks like a secret" for name in refused
-    ]
     usable, detail = bwrap_works() if mode != "none" else (False, "disabled by request")
     if mode == "bwrap" and not usable:
         raise ReproUsageError(f"--sandbox bwrap: bubblewrap is not usable here: {detail}")
     cgroup = PidsCgroup.create(limits.max_processes)
     root = os.geteuid() == 0
-    private: list[str] = []
+    prefix: list[str] = []
+    view = None
     if usable:
         prefix, view = bwrap_prefix(
             detail,
@@ -339,120 +358,161 @@ def plan(
             env=env,
             no_userns=not own_namespaces,
         )
-        private = list(view.private)
-        writable = ", ".join(["the scratch folder", *view.private])
-        layers += [
-            Layer("bubblewrap", True, detail),
-            Layer("network", True, "no network: private network namespace (bwrap --unshare-net)"),
-            Layer(
-                "filesystem",
-                True,
-                f"read-only view of /; /run and /dev read-only; writable: {writable} (private "
-                "to the run)" + (", and the report and output files" if outputs else ""),
-            ),
-            _home_layer(view),
-            _disk_layer(view, limits, bool(outputs), results is not None, own_namespaces),
-            Layer(
-                "probe_code",
-                True,
-                "the probe package is mounted read-only: a run cannot change it for later runs",
-            ),
-            Layer("pid_namespace", True, "own PID namespace: a kill ends every descendant"),
-            Layer("capabilities", True, _capabilities_detail(view, own_namespaces)),
-        ]
-        unshare_net = False
-    else:
-        prefix = []
-        net_ok = _can_unshare_net()
-        unshare_net = net_ok
-        layers += [
-            Layer("bubblewrap", False, detail),
-            Layer(
-                "network",
-                net_ok,
-                "private network namespace via unshare(2)"
-                if net_ok
-                else "NOT isolated: unshare(CLONE_NEWNET) is not permitted here",
-            ),
-            Layer(
-                "filesystem",
-                False,
-                "NOT isolated: the code can write wherever this user can (cwd is the project)",
-            ),
-            Layer(
-                "home",
-                False,
-                "NOT hidden: the code can read every file this user can (SSH keys, credentials)",
-            ),
-            Layer(
-                "disk",
-                False,
-                f"NOT bounded: RLIMIT_FSIZE caps each file at {limits.file_size_mb} MB, not how "
-                "many files the code writes"
-                if limits.file_size_mb
-                else "NOT bounded: each run's files are capped by RLIMIT_FSIZE, not their number",
-            ),
-            Layer(
-                "probe_code",
-                False,
-                "NOT read-only (the code runs as the same user): each cold run uses its own "
-                "copy and the warm worker loads all of it before its first run, so a run can "
-                "only alter its own report",
-            ),
-            Layer(
-                "pid_namespace",
-                False,
-                "NOT isolated: a descendant that calls setsid() can outlive a kill",
-            ),
-        ]
+    # RLIMIT_NPROC counts every process of the user, so the limit is "those + max_processes";
+    # root is exempt from it, and where the count is unknown no limit is claimed (nor set).
+    count = None if root else _user_process_count()
+    kernel_filter = seccomp_filter()
+    decisions = Decisions(
+        bwrap=usable,
+        bwrap_detail=detail,
+        view=view,
+        unshare_net=not usable and _can_unshare_net(),
+        refused=tuple(refused),
+        root=root,
+        pids_cgroup=cgroup is not None,
+        process_count=count,
+        nproc=count + limits.max_processes if count is not None else None,
+        seccomp=kernel_filter is not None,
+        outputs=bool(outputs),
+        results=results is not None,
+        own_namespaces=own_namespaces,
+    )
+    warnings = [
+        f"environment variable {name} not passed: it looks like a secret" for name in refused
+    ]
+    if not usable:
         warnings.append(f"sandbox degraded: {detail}")
+    preexec = _preexec(
+        limits,
+        cgroup,
+        decisions.unshare_net,
+        pdeathsig=not usable,
+        nproc=decisions.nproc,
+        kernel=kernel_filter,
+    )
+    private = list(view.private) if view is not None else []
+    return Launch(
+        prefix, env, preexec, describe_layers(decisions, limits), cgroup, warnings, private
+    )
+
+
+# -- wording: the report's layers -----------------------------------------------------------------
+
+
+def describe_layers(decisions: Decisions, limits: Limits) -> list[Layer]:
+    """The report's isolation layers for what `plan` decided, in the report's order."""
+    if decisions.view is not None:
+        layers = _bwrap_layers(decisions, decisions.view, limits)
+    else:
+        layers = _unconfined_layers(decisions, limits)
     layers.append(Layer("process_group", True, "own session and process group, killed as a whole"))
+    layers += limit_layers(limits)
+    layers.append(_processes_layer(decisions, limits))
+    secrets = f"; refused: {', '.join(decisions.refused)}" if decisions.refused else ""
+    layers.append(Layer("environment", True, f"minimal environment, no secrets{secrets}"))
+    layers.append(_seccomp_layer(decisions.seccomp))
+    return layers
+
+
+def limit_layers(limits: Limits) -> list[Layer]:
+    """The rlimits the child runs under (the warm worker lists its runs' own with this)."""
     memory_kind = "RLIMIT_DATA" if limits.use_data_limit else "RLIMIT_AS"
     if not sys.platform.startswith("linux"):
         memory_kind += " (best effort: this OS may ignore it)"
-    layers += [
+    return [
         Layer("memory", True, f"{memory_kind} {limits.memory_mb} MB"),
         Layer("cpu_time", True, f"RLIMIT_CPU {limits.cpu_s} s"),
         Layer("file_size", True, f"RLIMIT_FSIZE {limits.file_size_mb} MB, no core files"),
     ]
-    # RLIMIT_NPROC counts every process of the user, so the limit is "those + max_processes";
-    # root is exempt from it, and where the count is unknown no limit is claimed (nor set).
-    count = None if root else _user_process_count()
-    nproc = count + limits.max_processes if count is not None else None
-    if cgroup is not None:
-        layers.append(Layer("processes", True, f"pids cgroup, pids.max {limits.max_processes}"))
-    elif nproc is not None:
-        layers.append(
-            Layer(
-                "processes",
-                True,
-                f"RLIMIT_NPROC {nproc} (this user's {count} processes + {limits.max_processes})",
-            )
-        )
-    elif root:
-        layers.append(
-            Layer(
-                "processes",
-                False,
-                "NOT limited: root is exempt from RLIMIT_NPROC and no pids cgroup is available",
-            )
-        )
-    else:
-        layers.append(
-            Layer("processes", False, "NOT limited: this user's processes could not be counted")
-        )
-    secrets = f"; refused: {', '.join(refused)}" if refused else ""
-    layers.append(Layer("environment", True, f"minimal environment, no secrets{secrets}"))
-    kernel_filter = seccomp_filter()
-    layers.append(_seccomp_layer(kernel_filter))
-    preexec = _preexec(
-        limits, cgroup, unshare_net, pdeathsig=not usable, nproc=nproc, kernel=kernel_filter
-    )
-    return Launch(prefix, env, preexec, layers, cgroup, warnings, private)
 
 
-def _seccomp_layer(kernel_filter: seccomp.Filter | None) -> Layer:
-    if kernel_filter is None:
+def _bwrap_layers(decisions: Decisions, view: View, limits: Limits) -> list[Layer]:
+    writable = ", ".join(["the scratch folder", *view.private])
+    return [
+        Layer("bubblewrap", True, decisions.bwrap_detail),
+        Layer("network", True, "no network: private network namespace (bwrap --unshare-net)"),
+        Layer(
+            "filesystem",
+            True,
+            f"read-only view of /; /run and /dev read-only; writable: {writable} (private "
+            "to the run)" + (", and the report and output files" if decisions.outputs else ""),
+        ),
+        _home_layer(view),
+        _disk_layer(view, limits, decisions.outputs, decisions.results, decisions.own_namespaces),
+        Layer(
+            "probe_code",
+            True,
+            "the probe package is mounted read-only: a run cannot change it for later runs",
+        ),
+        Layer("pid_namespace", True, "own PID namespace: a kill ends every descendant"),
+        Layer("capabilities", True, _capabilities_detail(view, decisions.own_namespaces)),
+    ]
+
+
+def _unconfined_layers(decisions: Decisions, limits: Limits) -> list[Layer]:
+    return [
+        Layer("bubblewrap", False, decisions.bwrap_detail),
+        Layer(
+            "network",
+            decisions.unshare_net,
+            "private network namespace via unshare(2)"
+            if decisions.unshare_net
+            else "NOT isolated: unshare(CLONE_NEWNET) is not permitted here",
+        ),
+        Layer(
+            "filesystem",
+            False,
+            "NOT isolated: the code can write wherever this user can (cwd is the project)",
+        ),
+        Layer(
+            "home",
+            False,
+            "NOT hidden: the code can read every file this user can (SSH keys, credentials)",
+        ),
+        Layer(
+            "disk",
+            False,
+            f"NOT bounded: RLIMIT_FSIZE caps each file at {limits.file_size_mb} MB, not how "
+            "many files the code writes"
+            if limits.file_size_mb
+            else "NOT bounded: each run's files are capped by RLIMIT_FSIZE, not their number",
+        ),
+        Layer(
+            "probe_code",
+            False,
+            "NOT read-only (the code runs as the same user): each cold run uses its own "
+            "copy and the warm worker loads all of it before its first run, so a run can "
+            "only alter its own report",
+        ),
+        Layer(
+            "pid_namespace",
+            False,
+            "NOT isolated: a descendant that calls setsid() can outlive a kill",
+        ),
+    ]
+
+
+def _processes_layer(decisions: Decisions, limits: Limits) -> Layer:
+    if decisions.pids_cgroup:
+        return Layer("processes", True, f"pids cgroup, pids.max {limits.max_processes}")
+    if decisions.nproc is not None:
+        return Layer(
+            "processes",
+            True,
+            f"RLIMIT_NPROC {decisions.nproc} (this user's {decisions.process_count} processes "
+            f"+ {limits.max_processes})",
+        )
+    if decisions.root:
+        return Layer(
+            "processes",
+            False,
+            "NOT limited: root is exempt from RLIMIT_NPROC and no pids cgroup is available",
+        )
+    return Layer("processes", False, "NOT limited: this user's processes could not be counted")
+
+
+def _seccomp_layer(filtered: bool) -> Layer:
+    if not filtered:
         return Layer(
             "kernel_objects",
             False,

@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from torchls.config import DEVICE_CHOICES
+
 
 class SpecError(ValueError):
     """The spec file is unreadable or invalid; the message says where and why."""
@@ -50,7 +52,7 @@ _KEYS: dict[str, tuple[tuple[type, ...], str]] = {
     "batches": ((int,), "a positive integer"),
     "seed": ((int,), "an integer"),
     "deterministic": ((bool,), "true or false"),
-    "device": ((str,), "auto, cpu, cuda, cuda:N or mps"),
+    "device": ((str,), DEVICE_CHOICES),
     "allow_fallback": ((bool,), "true or false"),
     "timeout": ((int, float), "a number of seconds"),
     "memory": ((int,), "megabytes, an integer"),

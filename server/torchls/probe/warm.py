@@ -359,13 +359,10 @@ class WarmWorker:
                 # The run's own user namespace gave it capabilities the worker could not drop.
                 layer = Layer("capabilities", False, "NOT dropped in the run's user namespace")
             layers.append(layer)
-        memory_kind = "RLIMIT_DATA" if limits.use_data_limit else "RLIMIT_AS"
-        layers += [
-            Layer("memory", True, f"{memory_kind} {limits.memory_mb} MB"),
-            Layer("cpu_time", True, f"RLIMIT_CPU {limits.cpu_s} s"),
-            Layer("file_size", True, f"RLIMIT_FSIZE {limits.file_size_mb} MB, no core files"),
-            wall_clock_layer(timeout_s),
-        ]
+        # The run's own rlimits, worded as a cold run's (one description: sandbox.limit_layers).
+        from torchls.probe.sandbox import limit_layers
+
+        layers += [*limit_layers(limits), wall_clock_layer(timeout_s)]
         return layers
 
     def close(self) -> None:
