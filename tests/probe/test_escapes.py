@@ -346,7 +346,8 @@ def test_fork_bomb_in_a_warm_run_is_contained_and_the_worker_survives(warm_repro
     end = time.monotonic() + SETTLE_S
     while set(leftovers("torchls_probe.worker")) - before and time.monotonic() < end:
         time.sleep(0.05)
-    assert set(leftovers("torchls_probe.worker")) == before
+    # A subset: workers of other sessions on this machine may end meanwhile; none may appear.
+    assert set(leftovers("torchls_probe.worker")) <= before
     after, _ = warm_repro(cases.CLEAN, name="after_fork_bomb.py")
     assert after.status == "ok"
 
