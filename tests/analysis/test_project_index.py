@@ -232,6 +232,32 @@ def test_helper_barrier_called_by_every_rank_is_quiet(tmp_path: Path) -> None:
     assert found(tmp_path, "train.py") == []
 
 
+# ---------------------------------------------------------------------- TL206
+EPOCH_KEEPING_LOSSES = """\
+from engine import train_step
+
+
+def train_epoch(model, loader, optimizer, criterion):
+    losses = []
+    total = 0.0
+    for batch in loader:
+        loss = train_step(model, batch, optimizer, criterion)
+        total += loss
+        losses.append(train_step(model, batch, optimizer, criterion))
+    return total, losses
+"""
+
+
+def test_loss_returned_by_a_step_in_another_module_is_kept_alive(tmp_path: Path) -> None:
+    # The engine's train_step hands back the loss it backward()-ed, graph and all: the
+    # caller keeping it across the epoch holds every step's activations.
+    live = ENGINE.replace("return loss.item()", "return loss")
+    write(tmp_path, {"engine.py": live, "train.py": EPOCH_KEEPING_LOSSES})
+    assert found(tmp_path, "train.py", "TL206") == [(9, "TL206"), (10, "TL206")]
+    write(tmp_path, {"engine.py": ENGINE})
+    assert found(tmp_path, "train.py", "TL206") == []
+
+
 # ---------------------------------------------------------------------- caching
 def test_summaries_are_cached_by_function_text(tmp_path: Path) -> None:
     write(tmp_path, {"engine.py": ENGINE, "train.py": TRAIN_WITH_ENGINE})

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from torchls.analysis.facts import Facts, LossCall
 from torchls.analysis.losses import CONTRACTS, loss_kind_of_call
-from torchls.analysis.rules.losses import activation_of, float_cast
+from torchls.analysis.queries.tensors import activation_of, float_cast
 
 
 def _contains(node: ast.AST, row: int, column: int, facts: Facts) -> bool:

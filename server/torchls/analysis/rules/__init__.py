@@ -4,6 +4,7 @@ from torchls.analysis.rules import (  # noqa: F401
     autograd,
     checkpoints,
     distributed,
+    keras,
     lightning,
     losses,
     modes,

@@ -46,8 +46,3 @@ def delete_statement_line(facts: Facts, stmt: ast.stmt) -> Edit | None:
     if end < len(lines):
         return Edit(Span(Position(start, 0), Position(end + 1, 0)), "")
     return Edit(Span(Position(start, 0), Position(end, len(lines[end - 1]))), "")
-
-
-def torch_name(facts: Facts) -> str | None:
-    """How this file spells `torch`, for fixes that add a torch call."""
-    return facts.torch_alias

@@ -9,62 +9,9 @@ from pathlib import Path
 
 from torchls.analysis.facts import Facts, LossCall, Origin
 from torchls.analysis.findings import Fix, Related
+from torchls.analysis.queries.tensors import activation_input, activation_of, float_cast
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._edits import insert_at, replace_node
-
-SOFTMAX_FUNCTIONS = {"torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax"}
-LOG_SOFTMAX_FUNCTIONS = {
-    "torch.log_softmax",
-    "torch.nn.functional.log_softmax",
-    "torch.special.log_softmax",
-}
-SIGMOID_FUNCTIONS = {"torch.sigmoid", "torch.nn.functional.sigmoid", "torch.special.expit"}
-ACTIVATION_OF_MODULE = {"Softmax": "softmax", "LogSoftmax": "log_softmax", "Sigmoid": "sigmoid"}
-
-
-def activation_of(facts: Facts, origin: Origin, depth: int = 0) -> str | None:
-    """ "softmax", "log_softmax" or "sigmoid" when `origin` computes that activation."""
-    facts = facts.owner(origin)
-    node = origin.node
-    if origin.module_output and isinstance(node, ast.Call):
-        return ACTIVATION_OF_MODULE.get(facts.short_name(node))
-    if not isinstance(node, ast.Call):
-        return None
-    qualname = facts.call_qualname(node)
-    method = facts.method_name(node)
-    if qualname in SOFTMAX_FUNCTIONS or (qualname is None and method == "softmax"):
-        return "softmax"
-    if qualname in LOG_SOFTMAX_FUNCTIONS or (qualname is None and method == "log_softmax"):
-        return "log_softmax"
-    if qualname in SIGMOID_FUNCTIONS or (qualname is None and method == "sigmoid"):
-        return "sigmoid"
-    exp_argument = None
-    if qualname == "torch.exp" and node.args:
-        exp_argument = node.args[0]
-    elif qualname is None and method == "exp":
-        exp_argument = facts.receiver(node)
-    if exp_argument is not None and depth < 3:
-        inner = facts.origins(exp_argument)
-        if inner and all(activation_of(facts, o, depth + 1) == "log_softmax" for o in inner):
-            return "softmax"
-    return None
-
-
-def activation_input(facts: Facts, call: ast.Call) -> ast.expr | None:
-    """The tensor an activation call is applied to: `z` in `F.softmax(z, 1)` / `z.softmax(1)`;
-    for `exp(log_softmax(z))` the `z`."""
-    qualname = facts.call_qualname(call)
-    if qualname is None and facts.method_name(call) in ("softmax", "log_softmax", "sigmoid"):
-        return facts.receiver(call)
-    if qualname is None and facts.method_name(call) == "exp":
-        inner = facts.receiver(call)
-        return activation_input(facts, inner) if isinstance(inner, ast.Call) else None
-    if qualname == "torch.exp" and call.args and isinstance(call.args[0], ast.Call):
-        return activation_input(facts, call.args[0])
-    for keyword in call.keywords:
-        if keyword.arg == "input":
-            return keyword.value
-    return call.args[0] if call.args else None
 
 
 def all_activated(facts: Facts, expr: ast.expr, accepted: set[str]) -> list[Origin] | None:
@@ -303,46 +250,12 @@ def _bce_with_logits_fix(facts: Facts, loss_call: LossCall, origins: list[Origin
     return Fix("unsafe", "Use BCEWithLogitsLoss on the logits", tuple(edits))
 
 
-FLOAT_DTYPES = {
-    "torch.float",
-    "torch.float32",
-    "torch.float64",
-    "torch.double",
-    "torch.half",
-    "torch.float16",
-    "torch.bfloat16",
-    "torch.FloatTensor",
-    "torch.DoubleTensor",
-}
-CAST_METHODS = {"float", "double", "half", "bfloat16"}
 SOFT_LABEL_HINT = re.compile(r"one_?hot|soft|smooth|mix|cutmix|prob|dist|teacher|lam", re.I)
 INDEX_NAME = re.compile(
     r"^(y|ys|yb|y_batch|labels?|targets?|tgt|gt|cls|classes|class_ids?|y_true|"
     r".+_labels?|.+_targets?|labels?_.+|targets?_.+)$",
     re.I,
 )
-
-
-def float_cast(facts: Facts, expr: ast.AST) -> ast.Call | None:
-    """`expr` when it casts to a floating dtype: `.float()`, `.to(torch.float32)`, `.type(...)`."""
-    if not isinstance(expr, ast.Call) or not isinstance(expr.func, ast.Attribute):
-        return None
-    method = expr.func.attr
-    if method in CAST_METHODS and not expr.args:
-        return expr
-    if method in ("to", "type"):
-        candidates = list(expr.args) + [k.value for k in expr.keywords if k.arg == "dtype"]
-        for candidate in candidates:
-            if (isinstance(candidate, ast.Name) and candidate.id == "float") or (
-                facts.qualname(candidate) in FLOAT_DTYPES
-            ):
-                return expr
-            if isinstance(candidate, ast.Constant) and candidate.value in (
-                "torch.FloatTensor",
-                "torch.cuda.FloatTensor",
-            ):
-                return expr
-    return None
 
 
 def is_class_index_source(facts: Facts, expr: ast.expr) -> bool:

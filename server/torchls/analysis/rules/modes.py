@@ -557,27 +557,44 @@ def _move_to_block_start(facts: Facts, block: list[ast.stmt], stmt: ast.stmt) ->
 TENSOR_USES = {"item", "detach", "cpu", "numpy", "backward", "to", "cuda", "tolist", "clone"}
 
 
-def _loss_names(facts: Facts, scope: ast.AST) -> set[str]:
-    """Names in `scope` that hold a loss tensor: assigned from a loss call, or backward()-ed."""
+def _returns_graph(facts: Facts, value: ast.AST, project_calls: set[ast.Call]) -> bool:
+    """`value` calls a project function whose summary says it hands back a loss it
+    backward()-ed, still attached to the graph (`train_step` returning `loss`)."""
+    if not isinstance(value, ast.Call) or value not in project_calls:
+        return False
+    asked = facts.call_summary(value)
+    return asked is not None and asked[0].returns_graph
+
+
+def _loss_names(
+    facts: Facts, scope: ast.AST, project_calls: set[ast.Call]
+) -> tuple[set[str], dict[str, list[ast.Subscript]]]:
+    """Names in `scope` that hold a loss tensor (assigned from a loss call or from a helper
+    returning its graph-attached loss, or backward()-ed), and names of containers shown to
+    hold one because an item of theirs is backward()-ed (`output["loss"].backward()`), with
+    those backward()-ed items."""
     names: set[str] = set()
+    containers: dict[str, list[ast.Subscript]] = {}
     loss_call_nodes = facts.loss_call_nodes
     for node in facts.walk_local(scope):
         if isinstance(node, ast.Call) and facts.method_name(node) == "backward" and not node.args:
             receiver = facts.receiver(node)
             if isinstance(receiver, ast.Name):
                 names.add(receiver.id)
+            elif isinstance(receiver, ast.Subscript) and isinstance(receiver.value, ast.Name):
+                containers.setdefault(receiver.value.id, []).append(receiver)
         elif (
             isinstance(node, ast.Assign)
             and len(node.targets) == 1
             and isinstance(node.targets[0], ast.Name)
-            and node.value in loss_call_nodes
+            and (node.value in loss_call_nodes or _returns_graph(facts, node.value, project_calls))
         ):
             names.add(node.targets[0].id)
-    return names
+    return names, {k: v for k, v in containers.items() if k not in names}
 
 
 def _accumulation(stmt: ast.stmt) -> tuple[str, ast.expr, str] | None:
-    """(accumulator, value, how) for `acc.append(v)`, `acc += v`, `acc[k] = v`."""
+    """(accumulator, value, how) for `acc.append(v)`, `acc += v`, `acc[k] = v`, `acc[k] += v`."""
     if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
         call = stmt.value
         func = call.func
@@ -591,6 +608,8 @@ def _accumulation(stmt: ast.stmt) -> tuple[str, ast.expr, str] | None:
     if isinstance(stmt, ast.AugAssign) and isinstance(stmt.op, ast.Add):
         if isinstance(stmt.target, ast.Name):
             return stmt.target.id, stmt.value, "+="
+        if isinstance(stmt.target, ast.Subscript) and isinstance(stmt.target.value, ast.Name):
+            return stmt.target.value.id, stmt.value, "[]+="
     if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
         target = stmt.targets[0]
         if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
@@ -598,14 +617,80 @@ def _accumulation(stmt: ast.stmt) -> tuple[str, ast.expr, str] | None:
     return None
 
 
-def _holds_graph(facts: Facts, value: ast.expr, loss_names: set[str]) -> ast.Name | None:
-    """The loss name when `value` is that loss tensor (possibly scaled), not a Python number."""
+def _detached(value: ast.expr) -> bool:
+    """`value` is a Python number or a tensor cut from the graph (`x.detach()`, `x.item()`,
+    `float(x)`)."""
+    if isinstance(value, ast.Constant):
+        return True
+    if not isinstance(value, ast.Call):
+        return False
+    if isinstance(value.func, ast.Attribute):
+        return value.func.attr in ("detach", "item", "tolist")
+    return isinstance(value.func, ast.Name) and value.func.id in ("float", "int")
+
+
+def _live_container(
+    facts: Facts, value: ast.Name, containers: dict[str, list[ast.Subscript]]
+) -> bool:
+    """`value` still holds the binding whose item was backward()-ed, and that item was not
+    replaced by a detached value in between (`output["loss"] = output["loss"].detach()`,
+    the packnet-sfm fix)."""
+    binding = facts.reaching_assignment(value)
+    for item in containers.get(value.id, ()):
+        if not isinstance(item.value, ast.Name):
+            continue
+        if facts.reaching_assignment(item.value) is not binding:
+            continue  # the name was rebound (say, to a detached copy) since the backward()
+        key = ast.dump(item.slice)
+        replaced = any(
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Subscript)
+            and isinstance(node.targets[0].value, ast.Name)
+            and node.targets[0].value.id == value.id
+            and ast.dump(node.targets[0].slice) == key
+            and _detached(node.value)
+            and item.lineno <= node.lineno <= value.lineno
+            for node in facts.walk_local(facts.scope(value))
+        )
+        if not replaced:
+            return True
+    return False
+
+
+def _holds_graph(
+    facts: Facts,
+    value: ast.expr,
+    loss_names: set[str],
+    containers: dict[str, list[ast.Subscript]],
+    project_calls: set[ast.Call],
+) -> ast.expr | None:
+    """What in `value` keeps a graph alive: the loss name (possibly scaled), a container name
+    holding one, a call of a helper returning one, or such an element of a dict, tuple or
+    list display (`{"loss": loss}`, `(step, loss)`); None for Python numbers and detached
+    values."""
     if isinstance(value, ast.Name):
-        return value if value.id in loss_names else None
+        if value.id in loss_names or _live_container(facts, value, containers):
+            return value
+        return None
     if isinstance(value, ast.BinOp) and isinstance(value.op, (ast.Mult, ast.Div)):
         for side in (value.left, value.right):
             if isinstance(side, ast.Name) and side.id in loss_names:
                 return side
+    if _returns_graph(facts, value, project_calls):
+        return value
+    elements: list[ast.expr] = []
+    if isinstance(value, ast.Dict):
+        elements = [v for v in value.values if v is not None]
+    elif isinstance(value, (ast.Tuple, ast.List)):
+        elements = list(value.elts)
+    for element in elements:
+        # One level down only: a display's element is a name, a scaled name or a call here.
+        if isinstance(element, (ast.Dict, ast.Tuple, ast.List)):
+            continue
+        held = _holds_graph(facts, element, loss_names, containers, project_calls)
+        if held is not None:
+            return held
     return None
 
 
@@ -655,8 +740,11 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
     A loss (a tensor attached to the autograd graph) accumulated across loop iterations:
-    `losses.append(loss)`, `total += loss`, `history[step] = loss`, without `.item()`,
-    `.detach()` or `float(...)`.
+    `losses.append(loss)`, `total += loss`, `history[step] = loss`, `totals["ce"] += ce`,
+    without `.item()`, `.detach()` or `float(...)`; also through containers: a dict or tuple
+    holding the loss appended to a list (`history.append({"loss": loss})`), a step's output
+    dict whose `output["loss"]` is backward()-ed kept in a list, and the loss a project helper
+    (`train_step`, in this file or another) returns after backward()-ing it.
 
     ## Why it is wrong
     Each stored loss keeps its whole computation graph, activations included, alive. Memory
@@ -678,9 +766,10 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
     """
     scopes = [facts.tree, *facts.functions.values()]
     scopes += [m for c in facts.classes.values() for m in c.methods.values()]
+    project_calls = set(facts.project_calls)
     for scope in scopes:
-        loss_names = _loss_names(facts, scope)
-        if not loss_names:
+        loss_names, containers = _loss_names(facts, scope, project_calls)
+        if not loss_names and not containers:
             continue
         for node in facts.walk_local(scope):
             if not isinstance(node, ast.stmt):
@@ -689,7 +778,7 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
             if found is None:
                 continue
             accumulator, value, how = found
-            loss = _holds_graph(facts, value, loss_names)
+            loss = _holds_graph(facts, value, loss_names, containers, project_calls)
             loops = facts.enclosing_loops(node)
             if loss is None or not loops or facts.in_no_grad(node):
                 continue
@@ -700,8 +789,22 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
                 continue
             if _feeds_backward(facts, scope, accumulator):
                 continue
-            loss_assignment = facts.reaching_assignment(loss)
-            if loss_assignment is not None and facts.in_no_grad(loss_assignment.stmt):
+            if isinstance(loss, ast.Name):
+                loss_assignment = facts.reaching_assignment(loss)
+                if loss_assignment is not None and facts.in_no_grad(loss_assignment.stmt):
+                    continue
+            if isinstance(loss, ast.Call):
+                label = f"{facts.source.segment(loss.func)}(...)"
+            else:
+                label = loss.id  # type: ignore[attr-defined]
+            if isinstance(loss, ast.Name) and loss.id in containers:
+                # A container (a step's output dict): `.item()` on it is no fix.
+                yield Hit(
+                    node,
+                    f"`{label}` holds a loss still attached to its autograd graph and is kept "
+                    f"in `{accumulator}`; store `.item()` or `.detach()` values instead",
+                    None,
+                )
                 continue
             fix = None
             if how in ("append", "+=") and value is loss:
@@ -712,7 +815,7 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
                 )
                 fix = Fix(
                     applicability,  # type: ignore[arg-type]
-                    f"Accumulate `{loss.id}.item()`",
+                    f"Accumulate `{label}.item()`",
                     (
                         insert_at(
                             loss.end_lineno,
@@ -721,9 +824,14 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
                         ),
                     ),  # type: ignore[arg-type]
                 )
-            yield Hit(
-                node,
-                f"`{loss.id}` is accumulated into `{accumulator}` with its autograd graph; "
-                f"use `{loss.id}.item()` or `{loss.id}.detach()`",
-                fix,
-            )
+            if isinstance(loss, ast.Call):
+                message = (
+                    f"`{label}` returns a loss still attached to its autograd graph and it is "
+                    f"accumulated into `{accumulator}`; use `.item()` or `.detach()` on it"
+                )
+            else:
+                message = (
+                    f"`{label}` is accumulated into `{accumulator}` with its autograd graph; "
+                    f"use `{label}.item()` or `{label}.detach()`"
+                )
+            yield Hit(node, message, fix)

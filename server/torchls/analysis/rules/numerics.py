@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 from torchls.analysis.facts import Facts, Origin
 from torchls.analysis.findings import Fix, Span
+from torchls.analysis.queries.tensors import activation_input, activation_of
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._edits import replace_node
-from torchls.analysis.rules.losses import activation_input, activation_of
 
 MOVE_METHODS = {"to", "cuda"}
 

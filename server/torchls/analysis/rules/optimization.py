@@ -152,52 +152,6 @@ def _scheduler_optimizer_key(facts: Facts, constructors: list[ast.Call]) -> str 
     return keys.pop() if len(keys) == 1 else None
 
 
-# ---------------------------------------------------------------------- loops
-def training_batch_loop(facts: Facts, loop: ast.AST) -> bool:
-    """A loop over a (non-evaluation) data loader that trains: it reaches backward()."""
-    role = facts.batch_loops.get(loop)
-    if role is None or role == "eval":
-        return False
-    return facts.node_reaches(loop, facts.is_backward) or facts.node_reaches(
-        loop, lambda call: _backwards_in_other_file(facts, call)
-    )
-
-
-def _backwards_in_other_file(facts: Facts, call: ast.Call) -> bool:
-    """`call` runs a function of another project file that runs `backward()` (a `train_step`
-    in `engine.py`), as its summary says."""
-    asked = facts.call_summary(call)
-    return asked is not None and asked[2] is not facts and asked[0].backwards
-
-
-def _contains_training_batch_loop(facts: Facts, node: ast.AST) -> bool:
-    return any(
-        other is not node and training_batch_loop(facts, other) and facts.is_inside(other, node)
-        for other in facts.loops
-    )
-
-
-def _calls_training_helper(facts: Facts, node: ast.AST) -> bool:
-    """`node` calls an in-file function that runs a training batch loop (`train_one_epoch`)."""
-
-    def predicate(call: ast.Call) -> bool:
-        function = facts.called_function(call)
-        return function is not None and _contains_training_batch_loop(facts, function)
-
-    return facts.node_reaches(node, predicate)
-
-
-def _conditions_between(facts: Facts, node: ast.AST, stop: ast.AST) -> list[ast.If]:
-    """The `if` statements `node` sits in, below `stop`."""
-    found = []
-    current = facts.parents.get(node)
-    while current is not None and current is not stop and not isinstance(current, _FUNCTION_TYPES):
-        if isinstance(current, ast.If):
-            found.append(current)
-        current = facts.parents.get(current)
-    return found
-
-
 # ---------------------------------------------------------------------- TL401
 @rule(
     "TL401",
@@ -242,7 +196,7 @@ def scheduler_before_optimizer(facts: Facts) -> Iterator[Hit]:
             # At the top of a helper that runs the batch loop (`train_one_epoch`): the helper
             # is one epoch, so its body plays the part of the epoch loop's.
             function = facts.enclosing_function(call)
-            if function is not None and _contains_training_batch_loop(facts, function):
+            if function is not None and facts.contains_training_batch_loop(function):
                 loops = [function]
         if stmt is None or not loops:
             continue
@@ -327,7 +281,7 @@ def _scheduler_position(
 # ---------------------------------------------------------------------- TL402
 def _per_batch_loop(facts: Facts, call: ast.Call) -> ast.AST | None:
     """The outermost training batch loop `call` runs in, in its own function."""
-    loops = [loop for loop in facts.enclosing_loops(call) if training_batch_loop(facts, loop)]
+    loops = [loop for loop in facts.enclosing_loops(call) if facts.is_training_batch_loop(loop)]
     return loops[-1] if loops else None
 
 
@@ -341,7 +295,7 @@ def _stepped_per_batch(facts: Facts, call: ast.Call) -> tuple[bool, ast.AST | No
     loop = _per_batch_loop(facts, call)
     if loop is not None:
         counters = loop_counters(facts, loop)
-        for condition in _conditions_between(facts, call, loop):
+        for condition in facts.conditions_between(call, loop):
             mentions_len = any(
                 isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "len"
                 for n in ast.walk(condition.test)
@@ -357,9 +311,7 @@ def _stepped_per_batch(facts: Facts, call: ast.Call) -> tuple[bool, ast.AST | No
     sites = facts.call_sites(function)
     if not sites or not all(_per_batch_loop(facts, site) is not None for site in sites):
         return False, None
-    if any(
-        not _optimizer_step_inside(facts, c) for c in _conditions_between(facts, call, function)
-    ):
+    if any(not _optimizer_step_inside(facts, c) for c in facts.conditions_between(call, function)):
         return False, None
     return True, None
 
@@ -371,11 +323,11 @@ def _stepped_per_epoch(facts: Facts, call: ast.Call) -> bool:
     loops = facts.enclosing_loops(call)
     if loops:
         loop = loops[0]
-        if training_batch_loop(facts, loop) or loop in facts.batch_loops:
+        if facts.is_training_batch_loop(loop) or loop in facts.batch_loops:
             return False
-        return _contains_training_batch_loop(facts, loop) or _calls_training_helper(facts, loop)
+        return facts.contains_training_batch_loop(loop) or facts.calls_training_helper(loop)
     function = facts.enclosing_function(call)
-    if function is None or not _contains_training_batch_loop(facts, function):
+    if function is None or not facts.contains_training_batch_loop(function):
         return False
     sites = facts.call_sites(function)
     return bool(sites) and all(
@@ -980,7 +932,7 @@ def plateau_step_without_metric(facts: Facts) -> Iterator[Hit]:
         found = scheduler_type(facts, facts.receiver(call))
         if found is None or found[0] != "ReduceLROnPlateau":
             continue
-        branches = _conditions_between(facts, call, facts.scope(call))
+        branches = facts.conditions_between(call, facts.scope(call))
         if any(
             {"isinstance", "ReduceLROnPlateau", "type"} & names_in(branch.test)
             for branch in branches

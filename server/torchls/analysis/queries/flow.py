@@ -1,0 +1,401 @@
+"""Control flow and effects: gradient-disabled regions, what a call or loop reaches, and the
+training vocabulary of loops (batch, epoch and training loops, backward, steps, zero_grad).
+
+Why: rules about modes, gradients and schedules ask "does this loop train", "is this under
+no_grad", "does this run before that"; answering those once keeps every rule precise.
+
+In: the index, kind and value queries of the same `Facts`. Out: the `FlowQueries` mixin of
+`Facts` (`in_no_grad`, `node_reaches`, `batch_loops`, `training_loops`, `optimizer_of_step`,
+`exits_before`, `trains_model`, ...).
+"""
+
+from __future__ import annotations
+
+import ast
+from functools import cached_property
+
+from torchls.analysis.queries.vocabulary import (
+    DIST_AUTOGRAD,
+    GRAD_DISABLING,
+    LOADER_NAME_RE,
+    FunctionNode,
+    _on_self,
+    _unwrap_iterable,
+    loader_role,
+)
+
+# Where walking up from a node stops: its function, lambda, class or module.
+_SCOPE_TYPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.Module)
+
+
+class FlowQueries:
+    """Mixin of `Facts` (see the module docstring); reads the state `Facts.__init__` sets."""
+
+    @cached_property
+    def cuda_only_scopes(self) -> set[ast.AST]:
+        """Scopes (module level, functions) that move a model to CUDA unconditionally."""
+        from torchls.analysis.devices import cuda_only_scopes
+
+        return cuda_only_scopes(self)
+
+    def requires_cuda(self, node: ast.AST) -> bool:
+        """`node` runs where the script cannot work without CUDA anyway (its scope, module
+        level or every caller moves the model to CUDA unconditionally)."""
+        from torchls.analysis.devices import requires_cuda
+
+        return requires_cuda(self, node)
+
+    @cached_property
+    def mentions_cuda(self) -> bool:
+        """The file refers to CUDA anywhere (`.cuda()`, `"cuda"`, `torch.cuda`)."""
+        from torchls.analysis.devices import mentions_cuda
+
+        return mentions_cuda(self)
+
+    def rank_dependent(self, test: ast.AST) -> bool:
+        """True when the condition `test` is true on some ranks of a distributed run and false
+        on others (`rank == 0`, `local_rank in (-1, 0)`); `local_rank != -1`, `world_size > 1`
+        and `dist.is_initialized()` hold on every rank alike."""
+        from torchls.analysis.ranks import rank_dependent
+
+        return rank_dependent(self, test)
+
+    def restricts_ranks(self, test: ast.AST) -> bool:
+        """The body of `if test:` runs on a subset of ranks (an `and` keeps the restriction)."""
+        from torchls.analysis.ranks import restricts_ranks
+
+        return restricts_ranks(self, test)
+
+    def grad_disabling_with(self, with_node: ast.With | ast.AsyncWith) -> bool:
+        for item in with_node.items:
+            context = item.context_expr
+            if isinstance(context, ast.Call):
+                qualname = self.call_qualname(context) or ""
+                if qualname in GRAD_DISABLING:
+                    return True
+                if qualname in ("torch.set_grad_enabled", "torch.autograd.set_grad_enabled"):
+                    if context.args and isinstance(context.args[0], ast.Constant):
+                        return context.args[0].value is False
+            elif (self.qualname(context) or "") in GRAD_DISABLING:
+                return True
+        return False
+
+    def grad_disabling_decorator(self, function: FunctionNode) -> bool:
+        for decorator in function.decorator_list:
+            target = decorator.func if isinstance(decorator, ast.Call) else decorator
+            if (self.qualname(target) or "") in GRAD_DISABLING:
+                return True
+        return False
+
+    def _in_no_grad_block(self, node: ast.AST) -> bool:
+        """Inside a `with torch.no_grad():` (or similar) block of its own function."""
+        current = self.parents.get(node)
+        stops = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+        while current is not None and not isinstance(current, stops):
+            if isinstance(current, (ast.With, ast.AsyncWith)) and self.grad_disabling_with(current):
+                return True
+            current = self.parents.get(current)
+        return False
+
+    def in_no_grad(self, node: ast.AST, depth: int = 0) -> bool:
+        """True when `node` always runs with gradients disabled: inside a no_grad/inference_mode
+        block or decorated function, or in a function whose every in-file call site is."""
+        current = self.parents.get(node)
+        while current is not None:
+            if isinstance(current, (ast.With, ast.AsyncWith)) and self.grad_disabling_with(current):
+                return True
+            if isinstance(current, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if self.grad_disabling_decorator(current):
+                    return True
+                sites = self.call_sites(current)
+                if sites and depth < 3:
+                    return all(self.in_no_grad(site, depth + 1) for site in sites)
+                return False
+            if isinstance(current, ast.Lambda):
+                return False
+            current = self.parents.get(current)
+        return False
+
+    def called_function(self, call: ast.Call) -> FunctionNode | None:
+        """The in-file function or method a call runs (`helper(...)`, `self.step(...)`)."""
+        if call in self._called:
+            return self._called[call]
+        found = self._resolve_called_function(call)
+        self._called[call] = found
+        return found
+
+    def _resolve_called_function(self, call: ast.Call) -> FunctionNode | None:
+        func = call.func
+        if isinstance(func, ast.Name):
+            # A nested function (an LBFGS closure, say) shadows a module-level one.
+            nested = self.local_functions.get(self.scope(call), {}).get(func.id)
+            return nested or self.functions.get(func.id)
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+            if func.value.id == "self":
+                klass = self.enclosing_class(call)
+                info = self.classes.get(klass.name) if klass else None
+                if info is not None:
+                    return info.methods.get(func.attr)
+        return None
+
+    @cached_property
+    def _call_sites(self) -> dict[ast.AST, list[ast.Call]]:
+        sites: dict[ast.AST, list[ast.Call]] = {}
+        for call in self.calls:
+            function = self.called_function(call)
+            if function is not None:
+                sites.setdefault(function, []).append(call)
+        return sites
+
+    def call_sites(self, function: FunctionNode) -> list[ast.Call]:
+        return self._call_sites.get(function, [])
+
+    def function_reaches(self, function: FunctionNode, predicate, depth: int = 0) -> bool:
+        """True if `predicate(call)` holds for a call in `function` or in what it calls."""
+        return any(self.reaches(call, predicate, depth) for call in self.calls_in(function))
+
+    def reaches(self, call: ast.Call, predicate, depth: int = 0) -> bool:
+        """`predicate(call)`, or true for a call inside the in-file function `call` runs."""
+        if predicate(call):
+            return True
+        if depth >= 3:
+            return False
+        function = self.called_function(call)
+        if function is None:
+            # A function passed as an argument (LBFGS `optimizer.step(closure)`) runs too.
+            for argument in call.args:
+                if isinstance(argument, ast.Name):
+                    passed = self.called_function(ast.Call(func=argument, args=[], keywords=[]))
+                    if passed is not None and self.function_reaches(passed, predicate, depth + 1):
+                        return True
+            return False
+        return self.function_reaches(function, predicate, depth + 1)
+
+    def node_reaches(self, node: ast.AST, predicate) -> bool:
+        """True if a call under `node` (or a function it calls) satisfies `predicate`."""
+        return any(self.reaches(call, predicate) for call in self.calls_in(node))
+
+    def is_backward(self, call: ast.Call) -> bool:
+        method = self.method_name(call)
+        if method == "backward":
+            return True
+        if method == "manual_backward" and _on_self(call):
+            return True  # Lightning manual optimization: `self.manual_backward(loss)`
+        return (self.call_qualname(call) or "") in ("torch.autograd.backward",)
+
+    def accumulates_grad(self, call: ast.Call) -> bool:
+        """A backward() whose gradients are added into the parameters' `.grad` (so someone has
+        to clear them): `loss.backward()`, `torch.autograd.backward(...)`. Distributed
+        autograd (`dist_autograd.backward(context_id, [loss])`) keeps its gradients in the
+        context instead, which is discarded when the `with dist_autograd.context()` ends."""
+        if not self.is_backward(call):
+            return False
+        return not (self.call_qualname(call) or "").startswith(DIST_AUTOGRAD)
+
+    def optimizer_of_step(self, call: ast.Call) -> ast.expr | None:
+        """For `opt.step()` or `scaler.step(opt)`, the optimizer expression; else None."""
+        if self.method_name(call) != "step":
+            return None
+        receiver = self.receiver(call)
+        kind = self.kind_of(receiver)
+        if kind is not None and kind.kind == "optimizer":
+            return receiver
+        if kind is not None and kind.kind == "scaler" and call.args:
+            return call.args[0]
+        return None
+
+    @staticmethod
+    def is_zero_grad(call: ast.Call) -> bool:
+        return isinstance(call.func, ast.Attribute) and call.func.attr == "zero_grad"
+
+    def clears_gradients(self, node: ast.AST) -> bool:
+        """`x.grad = None`, `x.grad.zero_()`, `x.grad.data.zero_()` and friends."""
+        if isinstance(node, ast.Assign):
+            return any(
+                isinstance(target, ast.Attribute) and target.attr == "grad"
+                for target in node.targets
+            )
+        if isinstance(node, ast.Call) and self.method_name(node) in ("zero_", "detach_", "fill_"):
+            chain = self.key(self.receiver(node)) or ""
+            return ".grad" in chain or chain.endswith("grad")
+        return False
+
+    @cached_property
+    def batch_loops(self) -> dict[ast.AST, str]:
+        """Loops over a data loader → their role: "train", "eval" or "" (unknown)."""
+        found: dict[ast.AST, str] = {}
+        for loop in self.loops:
+            if not isinstance(loop, (ast.For, ast.AsyncFor)):
+                continue
+            iterable = _unwrap_iterable(loop.iter)
+            kind = self.kind_of(iterable) if iterable is not None else None
+            name = self.key(iterable) or ""
+            if (kind is not None and kind.kind == "loader") or LOADER_NAME_RE.search(name):
+                found[loop] = loader_role(name)
+        return found
+
+    @cached_property
+    def epoch_loops(self) -> list[ast.AST]:
+        """Loops around a batch loop (directly or through a helper that runs one), or a
+        `for epoch in ...` loop: one iteration per pass over the data."""
+        batch = set(self.batch_loops)
+
+        def runs_batch_loop(call: ast.Call) -> bool:
+            function = self.called_function(call)
+            return function is not None and any(
+                loop in batch and self.is_inside(loop, function) for loop in self.batch_loops
+            )
+
+        found = []
+        for loop in self.loops:
+            target = getattr(loop, "target", None)
+            named = isinstance(target, ast.Name) and "epoch" in target.id.lower()
+            nested = any(other is not loop and self.is_inside(other, loop) for other in batch)
+            if named or nested or self.node_reaches(loop, runs_batch_loop):
+                found.append(loop)
+        return found
+
+    @cached_property
+    def training_loops(self) -> list[ast.AST]:
+        """Loops whose body (directly or through helpers) calls `backward()`; innermost ones
+        only, so an epoch loop around a batch loop is not itself a training loop."""
+        result = []
+        for loop in self.loops:
+            if not self.node_reaches(loop, self.is_backward):
+                continue
+            inner = [
+                other
+                for other in self.loops
+                if other is not loop
+                and self.is_inside(other, loop)
+                and self.node_reaches(other, self.is_backward)
+            ]
+            if not inner:
+                result.append(loop)
+        return result
+
+    def exits_before(self, first: ast.AST, second: ast.AST) -> bool:
+        """True when no path runs `second` after `first` within one iteration: after `first`,
+        its block (or a block around it that does not hold `second`) ends with `return`,
+        `raise`, or a `continue`/`break` of a loop that also holds `second` (the warm-up
+        branch `if warmup: loss.backward(); continue`)."""
+        node: ast.AST | None = first
+        while node is not None:
+            parent = self.parents.get(node)
+            if parent is None or self.is_inside(second, node):
+                return False
+            for name in ("body", "orelse", "finalbody"):
+                block = getattr(parent, name, None)
+                if not isinstance(block, list) or not any(item is node for item in block):
+                    continue
+                index = next(i for i, item in enumerate(block) if item is node)
+                for later in block[index + 1 :]:
+                    if self.is_inside(second, later):
+                        break
+                    if isinstance(later, (ast.Return, ast.Raise)):
+                        return True
+                    if isinstance(later, (ast.Continue, ast.Break)):
+                        loops = self.enclosing_loops(later)
+                        return bool(loops) and self.is_inside(second, loops[0])
+            if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                return False
+            node = parent
+        return False
+
+    def trains_model(self, loop: ast.AST, model: ast.expr) -> bool:
+        """Whether `loop` trains the module `model` (called in it): the loop calls its
+        `train()`, or steps an optimizer over its parameters. A module only run under
+        `no_grad` in the loop, or outside every optimizer the loop steps (a frozen teacher),
+        is not trained there. When the optimizers cannot be told, any model counts."""
+        root = self.module_root(model) or self.key(model)
+        if root is None:
+            return True
+
+        def related(other: str | None) -> bool:
+            return other is not None and (
+                other == root or other.startswith(root + ".") or root.startswith(other + ".")
+            )
+
+        calls = self.calls_in(loop)
+        if any(
+            self.method_name(c) == "train" and related(self.module_root(self.receiver(c)))
+            for c in calls
+        ):
+            return True
+        runs = [c for c in calls if related(self.module_root(c.func) or self.key(c.func))]
+        if runs and all(self.in_no_grad(c) for c in runs):
+            return False
+        optimizers = [o for c in calls if (o := self.optimizer_of_step(c)) is not None]
+        if not optimizers:
+            return True
+        for optimizer in optimizers:
+            owners = self.optimizer_parameter_owners(optimizer)
+            if owners is None or any(related(owner) for owner in owners):
+                return True
+        return False
+
+    def after_training(self, node: ast.AST, depth: int = 0) -> bool:
+        """`node` runs once, after training has finished: it is in no loop of its scope and
+        follows a loop there that trains (reaches `backward()`), or it sits in a helper whose
+        every in-file call site does (a final export, not a periodic checkpoint)."""
+        if self.enclosing_loops(node):
+            return False
+        scope = self.scope(node)
+        line = getattr(node, "lineno", 0)
+        for loop in self.loops:
+            if (
+                (loop.end_lineno or loop.lineno) < line
+                and self.scope(loop) is scope
+                and not self.enclosing_loops(loop)
+                and self.node_reaches(loop, self.is_backward)
+            ):
+                return True
+        if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) or depth >= 3:
+            return False
+        sites = self.call_sites(scope)
+        return bool(sites) and all(self.after_training(site, depth + 1) for site in sites)
+
+    # ------------------------------------------------------------------ training loops
+    # The loop vocabulary of the optimization rules (TL4xx), kept here so no rule module has
+    # to import another one for it.
+    def is_training_batch_loop(self, loop: ast.AST) -> bool:
+        """A loop over a (non-evaluation) data loader that trains: it reaches backward()."""
+        role = self.batch_loops.get(loop)
+        if role is None or role == "eval":
+            return False
+        return self.node_reaches(loop, self.is_backward) or self.node_reaches(
+            loop, self.backwards_in_other_file
+        )
+
+    def backwards_in_other_file(self, call: ast.Call) -> bool:
+        """`call` runs a function of another project file that runs `backward()` (a
+        `train_step` in `engine.py`), as its summary says."""
+        asked = self.call_summary(call)
+        return asked is not None and asked[2] is not self and asked[0].backwards
+
+    def contains_training_batch_loop(self, node: ast.AST) -> bool:
+        """A training batch loop other than `node` is nested in `node`."""
+        return any(
+            other is not node and self.is_training_batch_loop(other) and self.is_inside(other, node)
+            for other in self.loops
+        )
+
+    def calls_training_helper(self, node: ast.AST) -> bool:
+        """`node` calls an in-file function that runs a training batch loop
+        (`train_one_epoch`)."""
+
+        def predicate(call: ast.Call) -> bool:
+            function = self.called_function(call)
+            return function is not None and self.contains_training_batch_loop(function)
+
+        return self.node_reaches(node, predicate)
+
+    def conditions_between(self, node: ast.AST, stop: ast.AST) -> list[ast.If]:
+        """The `if` statements `node` sits in, below `stop` (not leaving its function)."""
+        found = []
+        current = self.parents.get(node)
+        while current is not None and current is not stop and not isinstance(current, _SCOPE_TYPES):
+            if isinstance(current, ast.If):
+                found.append(current)
+            current = self.parents.get(current)
+        return found

@@ -1,0 +1,400 @@
+"""The syntax index of one file: parents, scopes, bindings, calls and loops, and the
+queries that read it.
+
+Why: every other question (kinds, origins, flow, summaries) starts from "what encloses this
+node", "which assignment reaches this name", "which calls are in this body"; the index is
+built by one walk (`_collect`) so those are look-ups.
+
+In: the `Facts` state set up by its constructor (tree, parents, scope tables). Out: the
+`IndexQueries` mixin of `Facts`: `scope`, `enclosing_loops`, `walk_local`, `calls_in`,
+`qualname`, `reaching_assignment`, `assignments_of`, ...
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from functools import cached_property
+
+from torchls.analysis.queries.vocabulary import (
+    _PLAIN_TYPES,
+    Assignment,
+    ClassInfo,
+    FunctionNode,
+    ScopeNode,
+    _child_statements,
+)
+
+
+class IndexQueries:
+    """Mixin of `Facts` (see the module docstring); reads the state `Facts.__init__` sets."""
+
+    def _collect(self) -> None:
+        # One iterative walk (deep nesting must not hit the recursion limit) that records
+        # parents, scopes, bindings, calls and loops, and the statement each call belongs to.
+        # It is the hottest loop of the analysis, hence the inlined child iteration.
+        parents = self.parents
+        scope_nodes = self.scope_nodes
+        calls_by_statement = self.calls_by_statement
+        stmt_type, ast_type = ast.stmt, ast.AST
+        Entry = tuple[ast.AST, ScopeNode, "ast.ClassDef | None", "ast.stmt | None"]
+        stack: list[Entry] = [(self.tree, self.tree, None, None)]
+        self.assignments[self.tree] = {}
+        scope_nodes[self.tree] = []
+        while stack:
+            node, scope, klass, statement = stack.pop()
+            in_scope = scope_nodes[scope]
+            for field_name in node._fields:
+                if field_name == "ctx":
+                    continue
+                value = getattr(node, field_name, None)
+                if isinstance(value, list):
+                    children = value
+                elif isinstance(value, ast_type):
+                    children = (value,)
+                else:
+                    continue
+                for child in children:
+                    if not isinstance(child, ast_type):
+                        continue
+                    parents[child] = node
+                    in_scope.append(child)
+                    child_type = type(child)
+                    if child_type in _PLAIN_TYPES:
+                        if child_type is ast.Call:
+                            self.calls.append(child)
+                            if statement is not None:
+                                calls_by_statement.setdefault(statement, []).append(child)
+                        stack.append((child, scope, klass, statement))
+                        continue
+                    child_scope, child_class = scope, klass
+                    child_statement = child if isinstance(child, stmt_type) else statement
+                    if child_type is ast.FunctionDef or child_type is ast.AsyncFunctionDef:
+                        self.scope_of_node[child] = scope
+                        self.local_functions.setdefault(scope, {}).setdefault(child.name, child)
+                        self._register_function(child, klass)
+                        self.assignments[child] = {}
+                        scope_nodes[child] = []
+                        self._bind_parameters(child)
+                        child_scope, child_class = child, None
+                    elif child_type is ast.Lambda:
+                        self.assignments[child] = {}
+                        scope_nodes[child] = []
+                        child_scope = child
+                    elif child_type is ast.ClassDef:
+                        self._register_class(child)
+                        child_class = child
+                    else:
+                        self._note(child, scope, klass)
+                    stack.append((child, child_scope, child_class, child_statement))
+
+    def _register_function(self, node: FunctionNode, klass: ast.ClassDef | None) -> None:
+        if klass is not None:
+            info = self.classes.get(klass.name)
+            if info is not None:
+                info.methods[node.name] = node
+        else:
+            self.functions.setdefault(node.name, node)
+
+    def _register_class(self, node: ast.ClassDef) -> None:
+        bases = [self.qualname(base) or self.source.segment(base) for base in node.bases]
+        self.classes[node.name] = ClassInfo(node, bases)
+
+    def _bind_parameters(self, node: FunctionNode) -> None:
+        table = self.assignments[node]
+        args = node.args
+        for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs]:
+            table.setdefault(arg.arg, []).append(Assignment(node, None))  # type: ignore[arg-type]
+
+    def _note(self, node: ast.AST, scope: ScopeNode, klass: ast.ClassDef | None) -> None:
+        if isinstance(node, ast.Call):
+            self.calls.append(node)
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
+            self.loops.append(node)
+            if isinstance(node, (ast.For, ast.AsyncFor)):
+                self._bind_target(node.target, node, None, scope, loop=node)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            self._note_import(node)
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                self._bind_target(target, node, node.value, scope)
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and node.value is not None:
+            if isinstance(node, ast.AnnAssign):
+                self._bind_target(node.target, node, node.value, scope)
+        elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+            stmt = self.parents.get(node)
+            if isinstance(stmt, ast.stmt):
+                self._bind_target(node.optional_vars, stmt, node.context_expr, scope)
+        elif isinstance(node, ast.NamedExpr):
+            stmt = self.enclosing_statement(node)
+            if stmt is not None:
+                self._bind_target(node.target, stmt, node.value, scope)
+
+    def _bind_target(
+        self,
+        target: ast.expr,
+        stmt: ast.stmt,
+        value: ast.expr | None,
+        scope: ScopeNode,
+        index: int | None = None,
+        loop: ast.For | ast.AsyncFor | None = None,
+    ) -> None:
+        if isinstance(target, ast.Name):
+            self.assignments.setdefault(scope, {}).setdefault(target.id, []).append(
+                Assignment(stmt, value, index, loop)
+            )
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            for position, element in enumerate(target.elts):
+                element_value = value
+                element_index: int | None = position
+                if isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(target.elts):
+                    element_value, element_index = value.elts[position], None
+                self._bind_target(element, stmt, element_value, scope, element_index, loop)
+        elif isinstance(target, ast.Starred):
+            self._bind_target(target.value, stmt, None, scope, None, loop)
+        elif (
+            isinstance(target, ast.Attribute)
+            and isinstance(target.value, ast.Name)
+            and target.value.id == "self"
+            and value is not None
+        ):
+            klass = self.enclosing_class(stmt)
+            if klass is not None and klass.name in self.classes:
+                self.classes[klass.name].attributes.setdefault(target.attr, []).append(value)
+
+    def _note_import(self, node: ast.Import | ast.ImportFrom) -> None:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    self.imports[alias.asname] = alias.name
+                else:
+                    top = alias.name.split(".")[0]
+                    self.imports[top] = top
+        else:
+            # Relative imports keep their dots: never a torch name, but resolvable by jedi.
+            module = "." * node.level + (node.module or "")
+            for alias in node.names:
+                local = alias.asname or alias.name
+                self.imports[local] = (
+                    f"{module}.{alias.name}" if node.module else f"{module}{alias.name}"
+                )
+                if getattr(alias, "lineno", None) is not None:
+                    column = self.source.column(alias.lineno, alias.col_offset)
+                    self.import_positions[local] = (alias.lineno, column)
+
+    def enclosing_statement(self, node: ast.AST) -> ast.stmt | None:
+        current: ast.AST | None = node
+        while current is not None and not isinstance(current, ast.stmt):
+            current = self.parents.get(current)
+        return current
+
+    def enclosing_class(self, node: ast.AST) -> ast.ClassDef | None:
+        current = self.parents.get(node)
+        while current is not None:
+            if isinstance(current, ast.ClassDef):
+                return current
+            current = self.parents.get(current)
+        return None
+
+    def enclosing_function(self, node: ast.AST) -> FunctionNode | None:
+        current = self.parents.get(node)
+        while current is not None:
+            if isinstance(current, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                return current
+            current = self.parents.get(current)
+        return None
+
+    def scope(self, node: ast.AST) -> ScopeNode:
+        current = self.parents.get(node)
+        while current is not None:
+            if isinstance(current, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                return current
+            current = self.parents.get(current)
+        return self.tree
+
+    def enclosing_loops(self, node: ast.AST) -> list[ast.For | ast.AsyncFor | ast.While]:
+        """Loops around `node` inside its own function, innermost first."""
+        loops = []
+        current = self.parents.get(node)
+        while current is not None and not isinstance(
+            current, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+        ):
+            if isinstance(current, (ast.For, ast.AsyncFor, ast.While)):
+                loops.append(current)
+            current = self.parents.get(current)
+        return loops
+
+    def is_inside(self, node: ast.AST, ancestor: ast.AST) -> bool:
+        current: ast.AST | None = node
+        while current is not None:
+            if current is ancestor:
+                return True
+            current = self.parents.get(current)
+        return False
+
+    def walk_local(self, node: ast.AST) -> Iterator[ast.AST]:
+        """Nodes under `node` without descending into nested functions, lambdas or classes."""
+        if node in self.scope_nodes:
+            yield from self.scope_nodes[node]
+            return
+        todo = list(ast.iter_child_nodes(node))
+        while todo:
+            child = todo.pop()
+            yield child
+            if not isinstance(
+                child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+            ):
+                todo.extend(ast.iter_child_nodes(child))
+
+    def calls_in(self, node: ast.AST) -> list[ast.Call]:
+        """Calls under `node` (not in nested functions), in source order; memoised because
+        several rules and the mode analysis ask about the same loops and statements."""
+        cached = self._calls_in.get(node)
+        if cached is None:
+            if node in self.scope_nodes:
+                cached = [n for n in self.scope_nodes[node] if isinstance(n, ast.Call)]
+            elif isinstance(node, ast.stmt):
+                # Calls were indexed by their nearest statement during the single walk, so a
+                # compound statement is its own (header) calls plus its children's.
+                cached = list(self.calls_by_statement.get(node, ()))
+                for child in _child_statements(node):
+                    cached.extend(self.calls_in(child))
+            else:
+                cached = [n for n in self.walk_local(node) if isinstance(n, ast.Call)]
+            cached.sort(key=lambda c: (c.lineno, c.col_offset))
+            self._calls_in[node] = cached
+        return cached
+
+    def qualname(self, expr: ast.AST | None) -> str | None:
+        """Fully qualified dotted name of `expr` through the file's imports
+        (`F.softmax` → `torch.nn.functional.softmax`), or None."""
+        parts: list[str] = []
+        while isinstance(expr, ast.Attribute):
+            parts.append(expr.attr)
+            expr = expr.value
+        if not isinstance(expr, ast.Name):
+            return None
+        base = self.imports.get(expr.id)
+        if base is None:
+            return None
+        return ".".join([base, *reversed(parts)])
+
+    def call_qualname(self, call: ast.Call) -> str | None:
+        try:
+            return self._call_qualnames[call]
+        except KeyError:
+            found = self._call_qualnames[call] = self.qualname(call.func)
+            return found
+
+    @cached_property
+    def _calls_by_qualname(self) -> dict[str, list[ast.Call]]:
+        index: dict[str, list[ast.Call]] = {}
+        for call in self.calls:
+            qualname = self.call_qualname(call)
+            if qualname is not None:
+                index.setdefault(qualname, []).append(call)
+        return index
+
+    @cached_property
+    def _calls_by_method(self) -> dict[str, list[ast.Call]]:
+        index: dict[str, list[ast.Call]] = {}
+        for call in self.calls:
+            if isinstance(call.func, ast.Attribute):
+                index.setdefault(call.func.attr, []).append(call)
+        return index
+
+    def method_calls(self, *methods: str) -> list[ast.Call]:
+        """Calls of `x.<method>(...)` for any receiver (`"backward"`, `"step"`), in file order."""
+        found = [c for m in methods for c in self._calls_by_method.get(m, ())]
+        found.sort(key=lambda c: (c.lineno, c.col_offset))
+        return found
+
+    def calls_to(self, *qualnames: str) -> list[ast.Call]:
+        """Calls of the given fully qualified functions (`"torch.load"`), in file order."""
+        found = [c for q in qualnames for c in self._calls_by_qualname.get(q, ())]
+        return (
+            sorted(found, key=lambda c: (c.lineno, c.col_offset)) if len(qualnames) > 1 else found
+        )
+
+    def short_name(self, call: ast.Call) -> str:
+        """Last component of what is called: `Adam` for `torch.optim.Adam(...)`."""
+        func = call.func
+        if isinstance(func, ast.Attribute):
+            return func.attr
+        if isinstance(func, ast.Name):
+            qualname = self.imports.get(func.id)
+            return qualname.rsplit(".", 1)[-1] if qualname else func.id
+        return ""
+
+    @staticmethod
+    def method_name(call: ast.Call) -> str | None:
+        return call.func.attr if isinstance(call.func, ast.Attribute) else None
+
+    @staticmethod
+    def receiver(call: ast.Call) -> ast.expr | None:
+        return call.func.value if isinstance(call.func, ast.Attribute) else None
+
+    def key(self, expr: ast.AST | None) -> str | None:
+        """A stable text key for a simple receiver: `model`, `self.model`, `self.net.encoder`."""
+        parts: list[str] = []
+        while isinstance(expr, ast.Attribute):
+            parts.append(expr.attr)
+            expr = expr.value
+        if isinstance(expr, ast.Name):
+            return ".".join([expr.id, *reversed(parts)])
+        return None
+
+    @cached_property
+    def torch_alias(self) -> str | None:
+        """The local name under which `torch` itself is imported, if any."""
+        for alias, target in self.imports.items():
+            if target == "torch":
+                return alias
+        return None
+
+    def reaching_assignment(self, name: ast.Name) -> Assignment | None:
+        """The assignment of `name` that most plausibly reaches this use: the last one before
+        it in the same scope; for a name never bound locally, the module-level one."""
+        scope = self.scope(name)
+        use_position = (name.lineno, name.col_offset)
+        for table_scope in (scope, self.tree) if scope is not self.tree else (scope,):
+            candidates = self.assignments.get(table_scope, {}).get(name.id)
+            if not candidates:
+                continue
+            before = [
+                a
+                for a in candidates
+                if (
+                    (a.stmt.lineno, a.stmt.col_offset) < use_position
+                    and not self.is_inside(name, a.stmt)
+                )
+                or (a.loop is not None and self.is_inside(name, a.loop))
+            ]
+            if table_scope is not scope:
+                before = candidates  # a global read from a function sees the final binding
+            if before:
+                return max(before, key=lambda a: (a.stmt.lineno, a.stmt.col_offset))
+            return None
+        return None
+
+    def uses_of(self, stmt: ast.stmt, name: str) -> list[ast.Name]:
+        """The reads of `name` that the binding made by `stmt` reaches, in its own scope."""
+        scope = self.scope(stmt)
+        uses = []
+        for node in self.scope_nodes.get(scope, ()):
+            if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load):
+                assignment = self.reaching_assignment(node)
+                if assignment is not None and assignment.stmt is stmt:
+                    uses.append(node)
+        return sorted(uses, key=lambda n: (n.lineno, n.col_offset))
+
+    def assignments_of(self, name: str, scope: ScopeNode) -> list[Assignment]:
+        return self.assignments.get(scope, {}).get(name, [])
+
+    @cached_property
+    def _calls_by_name(self) -> dict[str, list[ast.Call]]:
+        index: dict[str, list[ast.Call]] = {}
+        for call in self.calls:
+            if isinstance(call.func, ast.Name):
+                index.setdefault(call.func.id, []).append(call)
+        return index

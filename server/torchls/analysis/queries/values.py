@@ -1,0 +1,381 @@
+"""Where a value comes from: origins through assignments, wrappers, `forward` returns and
+project functions, and the activation a value carries.
+
+Why: the loss-contract rules and the hover need "this is a softmax output" wherever the
+softmax happened (another method, another file); provenance is followed once here.
+
+In: the index and kind queries of the same `Facts`. Out: the `ValueQueries` mixin of `Facts`
+(`origins`, `binding_value`, `same_object`, `graph_forwards`, `function_returns`, ...).
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import TYPE_CHECKING
+
+from torchls.analysis.queries.vocabulary import (
+    DETACHING_METHODS,
+    MAX_DEPTH,
+    MAX_ORIGIN_STEPS,
+    PASS_THROUGH_METHODS,
+    RETURNS_RECEIVER,
+    ClassInfo,
+    FunctionNode,
+    Origin,
+)
+
+if TYPE_CHECKING:
+    from torchls.analysis.facts import Facts
+    from torchls.analysis.resolver import Definition
+
+
+class ValueQueries:
+    """Mixin of `Facts` (see the module docstring); reads the state `Facts.__init__` sets."""
+
+    def returns_receiver(self, expr: ast.AST | None) -> bool:
+        """`expr` is a call of a method that returns the object it is called on (for a module:
+        `.to()`, `.cuda()`, `.float()`, `.train()`, `.eval()`, `.requires_grad_()`, ...)."""
+        return (
+            isinstance(expr, ast.Call)
+            and isinstance(expr.func, ast.Attribute)
+            and expr.func.attr in RETURNS_RECEIVER
+        )
+
+    def same_object(self, expr: ast.AST | None) -> ast.AST | None:
+        """The object a chain of receiver-returning calls starts from: `model` for
+        `model.to(device).train()` or `model.eval().cpu()`; `expr` itself otherwise."""
+        if not isinstance(expr, ast.Call):
+            return expr
+        steps = 0
+        while self.returns_receiver(expr) and steps < MAX_DEPTH * 4:
+            expr = expr.func.value  # type: ignore[union-attr]
+            steps += 1
+        return expr
+
+    def self_attribute_values(self, expr: ast.Attribute) -> list[ast.expr]:
+        """Values assigned to `self.<attr>` in the class that `expr` is in."""
+        if not isinstance(expr.value, ast.Name) or expr.value.id != "self":
+            return []  # checked first: finding the enclosing class walks up the tree
+        klass = self.enclosing_class(expr)
+        if klass is None:
+            return []
+        info = self.classes.get(klass.name)
+        return info.attributes.get(expr.attr, []) if info else []
+
+    def binding_value(self, expr: ast.AST) -> ast.expr | None:
+        """The single expression a name or `self.attr` was bound to, when there is one."""
+        if isinstance(expr, ast.Name):
+            assignment = self.reaching_assignment(expr)
+            if assignment is not None and assignment.index is None and assignment.loop is None:
+                return assignment.value
+            if assignment is None:
+                return self.argument_value(expr, unbound=True)
+            return None
+        if isinstance(expr, ast.Attribute):
+            values = self.self_attribute_values(expr)
+            return values[-1] if len(values) == 1 else None
+        return None
+
+    def origins(self, expr: ast.AST, depth: int = 0, via: tuple[ast.AST, ...] = ()) -> list[Origin]:
+        """Where the value of `expr` is computed, following local assignments, `self`
+        attributes, calls of modules (their `forward` returns; an `nn.Sequential`'s last layer;
+        a factory function's returned module — in this file or, through the workspace, in
+        another) and shape/device-only methods. Unknown ends (parameters, loop targets) are
+        returned as themselves; callers decide what an unknown origin means. An origin found
+        in another file carries that file's facts in `Origin.facts`."""
+        if depth > MAX_DEPTH or self._origin_steps > MAX_ORIGIN_STEPS:
+            return [Origin(expr, via)]
+        self._origin_steps += 1
+        if isinstance(expr, ast.Name):
+            assignment = self.reaching_assignment(expr)
+            if assignment is None and depth < MAX_DEPTH:
+                arguments = self.parameter_arguments(expr, unbound=True)
+                if arguments:
+                    # A parameter comes from what its call sites pass (every one of them).
+                    return [o for a in arguments for o in self.origins(a, depth + 1, (*via, expr))]
+            if assignment is None or assignment.value is None or assignment.loop is not None:
+                return [Origin(expr, via)]
+            value = assignment.value
+            if assignment.index is not None:
+                return self._indexed_origins(value, assignment.index, depth, (*via, expr))
+            return self.origins(value, depth + 1, (*via, expr))
+        if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name):
+            values = self.self_attribute_values(expr)
+            if len(values) == 1:
+                return self.origins(values[0], depth + 1, (*via, expr))
+            return [Origin(expr, via)]
+        if isinstance(expr, ast.Call):
+            method = self.method_name(expr)
+            receiver = self.receiver(expr)
+            if receiver is not None and (
+                method in PASS_THROUGH_METHODS or self.returns_receiver(expr)
+            ):
+                return self.origins(receiver, depth + 1, (*via, expr))
+            module_origins = self._module_call_origins(expr, depth, via)
+            if module_origins is not None:
+                return module_origins
+        return [Origin(expr, via)]
+
+    def owner(self, origin: Origin) -> Facts:
+        """The facts of the file `origin` was found in."""
+        return origin.facts or self
+
+    def owns(self, node: ast.AST) -> bool:
+        return node is self.tree or node in self.parents
+
+    def _origins_in(
+        self, owner: Facts, expr: ast.AST, depth: int, via: tuple[ast.AST, ...]
+    ) -> list[Origin]:
+        if owner is self:
+            return self.origins(expr, depth + 1, via)
+        return [
+            Origin(o.node, (*via, *o.via), o.module_output, o.facts or owner)
+            for o in owner.origins(expr, depth + 1)
+        ]
+
+    def _indexed_origins(
+        self, value: ast.expr, index: int, depth: int, via: tuple[ast.AST, ...]
+    ) -> list[Origin]:
+        if isinstance(value, ast.Call):
+            returns = self._forward_returns_of_call(value, depth)
+            if returns is not None:
+                out = []
+                for owner, returned in returns:
+                    if isinstance(returned, ast.Tuple) and index < len(returned.elts):
+                        out.extend(
+                            self._origins_in(owner, returned.elts[index], depth, (*via, value))
+                        )
+                    else:
+                        out.append(Origin(value, via))
+                return out
+        return [Origin(value, via)]
+
+    def _module_call_origins(
+        self, call: ast.Call, depth: int, via: tuple[ast.AST, ...]
+    ) -> list[Origin] | None:
+        """Origins of `module(x)`: the module's forward returns, or its last layer."""
+        built = self._module_constructor(call.func, depth)
+        if built is not None:
+            owner, constructor = built
+            outputs = owner._constructor_output(constructor, depth, ())
+            return [
+                Origin(o.node, (*via, call, *o.via), o.module_output, o.facts or owner)
+                if owner is not self
+                else Origin(o.node, (*via, call, *o.via), o.module_output, o.facts)
+                for o in outputs
+            ]
+        returns = self._forward_returns_of_call(call, depth)
+        if returns is None:
+            return None
+        out: list[Origin] = []
+        for owner, returned in returns:
+            out.extend(self._origins_in(owner, returned, depth, (*via, call)))
+        return out
+
+    def _module_constructor(self, func: ast.expr, depth: int) -> tuple[Facts, ast.Call] | None:
+        """The `nn.X(...)` call that built the module object `func` refers to: directly, or the
+        module a factory function (here or in another project file) returns."""
+        value = self.binding_value(func) if isinstance(func, (ast.Name, ast.Attribute)) else None
+        steps = 0
+        while isinstance(value, ast.Name) and steps < MAX_DEPTH:
+            value = self.binding_value(value)  # `self.head = head`, a constructor parameter
+            steps += 1
+        while isinstance(value, ast.Call) and steps < MAX_DEPTH:
+            qualname = self.call_qualname(value) or ""
+            if qualname.startswith("torch.nn.") and self.short_name(value)[:1].isupper():
+                return self, value
+            if self.returns_receiver(value):
+                value = self.binding_value(self.receiver(value)) or (
+                    self.receiver(value) if isinstance(self.receiver(value), ast.Call) else None
+                )
+                steps += 1
+                continue
+            for owner, returned in self.function_returns(value) or ():
+                if isinstance(returned, ast.Call):
+                    qualname = owner.call_qualname(returned) or ""
+                    if (
+                        qualname.startswith("torch.nn.")
+                        and owner.short_name(returned)[:1].isupper()
+                    ):
+                        return owner, returned
+            return None
+        return None
+
+    def _constructor_output(
+        self, constructor: ast.Call, depth: int, via: tuple[ast.AST, ...]
+    ) -> list[Origin]:
+        short = self.short_name(constructor)
+        if short == "Sequential" and constructor.args:
+            last = constructor.args[-1]
+            if isinstance(last, ast.Call):
+                inner = (self.call_qualname(last) or "").startswith("torch.nn.")
+                if inner:
+                    return self._constructor_output(last, depth + 1, (*via, constructor))
+                found = self.module_class_of_call(last)
+                if found is not None:
+                    owner, info = found
+                    returns = owner._forward_returns(info, depth)
+                    if returns is not None:
+                        return [o for r in returns for o in self._origins_in(owner, r, depth, via)]
+        return [Origin(constructor, via, module_output=True)]
+
+    def _forward_returns_of_call(
+        self, call: ast.Call, depth: int
+    ) -> list[tuple[Facts, ast.expr]] | None:
+        """(file facts, return expression) of `forward` when `call` calls an instance of a
+        module class defined in this file or in another project file."""
+        func = call.func
+        found: tuple[Facts, ClassInfo] | None = None
+        if isinstance(func, ast.Name) and func.id == "self":
+            klass = self.enclosing_class(call)
+            info = self.module_class(klass.name) if klass else None
+            found = (self, info) if info is not None else None
+        elif isinstance(func, (ast.Name, ast.Attribute)):
+            value = self.binding_value(func)
+            steps = 0
+            while isinstance(value, ast.Call) and steps < MAX_DEPTH:
+                found = self.module_class_of_call(value)
+                if found is not None:
+                    break
+                receiver = self.receiver(value)
+                if self.returns_receiver(value):
+                    value = self.binding_value(receiver) if receiver is not None else None
+                    if value is None and isinstance(receiver, ast.Call):
+                        value = receiver
+                    steps += 1
+                    continue
+                break
+        if found is None:
+            return None
+        owner, info = found
+        returns = owner._forward_returns(info, depth)
+        return [(owner, r) for r in returns] if returns is not None else None
+
+    def _forward_returns(self, info: ClassInfo, depth: int) -> list[ast.expr] | None:
+        forward = info.methods.get("forward")
+        if forward is None:
+            for base in info.bases:
+                if base in self.classes and depth < MAX_DEPTH:
+                    return self._forward_returns(self.classes[base], depth + 1)
+            return None
+        returns = [
+            node.value
+            for node in self.walk_local(forward)
+            if isinstance(node, ast.Return) and node.value is not None
+        ]
+        return returns or None
+
+    def definition(self, name: str) -> Definition | None:
+        """What an imported `name` is defined as in another project file (via the workspace)."""
+        if self.workspace is None or name not in self.imports:
+            return None
+        if name not in self._definitions:
+            self._definitions[name] = self.workspace.resolve(self, name)
+        return self._definitions[name]
+
+    def module_class_of_call(self, call: ast.Call) -> tuple[Facts, ClassInfo] | None:
+        """For `Net(...)`: the facts and class info of `Net` when it is an nn.Module subclass
+        defined in this file or in another project file (`Net(...)`, or `models.Net(...)`
+        through a project module named by the index)."""
+        func = call.func
+        if (
+            isinstance(func, ast.Attribute)
+            and isinstance(func.value, ast.Name)
+            and func.value.id in self._project_imports
+            and self.workspace is not None
+        ):
+            other = self.workspace.module_facts(self, func.value.id)
+            if other is not None and func.attr in other.classes:
+                other_info = other.module_class(func.attr)
+                return (other, other_info) if other_info is not None else None
+            return None
+        if not isinstance(call.func, ast.Name):
+            return None
+        name = call.func.id
+        info = self.module_class(name)
+        if info is not None:
+            return self, info
+        definition = self.definition(name)
+        if definition is not None and isinstance(definition.node, ast.ClassDef):
+            other = definition.facts
+            other_info = other.module_class(definition.node.name)
+            if other_info is not None:
+                return other, other_info
+        return None
+
+    def function_returns(self, call: ast.Call) -> list[tuple[Facts, ast.expr]] | None:
+        """(file facts, return expression) of the plain function `call` calls, here or in
+        another project file (factories such as `build_model()` or `make_criterion()`)."""
+        if not isinstance(call.func, ast.Name):
+            return None
+        name = call.func.id
+        function: FunctionNode | None = self.functions.get(name)
+        owner: Facts = self
+        if function is None:
+            definition = self.definition(name)
+            if definition is None or isinstance(definition.node, ast.ClassDef):
+                return None
+            owner, function = definition.facts, definition.node
+        returns = [
+            (owner, node.value)
+            for node in owner.walk_local(function)
+            if isinstance(node, ast.Return) and node.value is not None
+        ]
+        return returns or None
+
+    def graph_forwards(self, expr: ast.AST, depth: int = 0) -> set[ast.Call]:
+        """The forward calls (`model(x)`, `self.net(x)`) whose autograd graph the value of
+        `expr` is built from, following local assignments, the tensors a call takes and a
+        tensor method's receiver; `.detach()`, `.item()`, `.data` and values computed under
+        `no_grad` cut the graph. A module's own object (its constructor, `.to(device)`) is never
+        part of it: its parameters are leaves, so two calls of one module build two graphs."""
+        found: set[ast.Call] = set()
+        if depth > MAX_DEPTH:
+            return found
+        todo: list[ast.AST] = [expr]
+        while todo:
+            node = todo.pop()
+            if isinstance(node, ast.Call):
+                if self.method_name(node) in DETACHING_METHODS:
+                    continue
+                if self.returns_receiver(node) and self.constructs_module(node):
+                    continue  # moving a module (`D.cuda()`): its parameters are leaves
+                func = node.func
+                if self.is_forward_call(node):
+                    found.add(node)
+                elif isinstance(func, ast.Attribute):
+                    todo.append(func.value)  # `out.pow(2)`: the receiver is a graph tensor
+                todo.extend(node.args)
+                todo.extend(keyword.value for keyword in node.keywords)
+                continue
+            if isinstance(node, ast.Name):
+                if isinstance(node.ctx, ast.Load):
+                    assignment = self.reaching_assignment(node)
+                    if (
+                        assignment is not None
+                        and assignment.value is not None
+                        and assignment.loop is None
+                        # A module object (`D.output_shape`, `D = D.cuda()`) carries no graph.
+                        and not (
+                            isinstance(assignment.value, ast.Call)
+                            and assignment.index is None
+                            and self.constructs_module(assignment.value)
+                        )
+                        and not self._in_no_grad_block(assignment.stmt)
+                    ):
+                        found |= self.graph_forwards(assignment.value, depth + 1)
+                continue
+            if isinstance(node, ast.Attribute) and node.attr == "data":
+                continue
+            if isinstance(node, (ast.Lambda, ast.comprehension)):
+                continue
+            todo.extend(ast.iter_child_nodes(node))
+        return found
+
+    def is_forward_call(self, call: ast.Call) -> bool:
+        """`model(x)` / `self.net(x)`: a call of a module instance, which records a graph.
+        Building the module (`Discriminator(shape)`) or moving it is not a forward call."""
+        func = call.func
+        if not isinstance(func, (ast.Name, ast.Attribute)) or not self.is_kind(func, "model"):
+            return False
+        return not self.constructs_module(call)
