@@ -80,10 +80,34 @@ def check_input(path: str) -> str | None:
     return None
 
 
-def run(args: argparse.Namespace) -> int:
-    from torchls.probe import ReproOptions, ReproUsageError, untrusted
+def inspect_data(
+    path: str, python: str | None, sandbox: str = "auto", rewrite_to: Path | None = None
+) -> dict[str, Any]:
+    """The probe's report (its `inspection` record, findings, sandbox) for the checkpoint at
+    absolute `path`, read in the sandbox: the one way in for the CLI and the editor's
+    `torchls.inspectCheckpoint`. Raises `ReproUsageError` when the probe cannot start."""
+    from torchls.probe import ReproOptions
     from torchls.probe.prepare import prepare
     from torchls.probe.runner import Extras, run_cold
+
+    # The copy is written inside the sandbox under its file-size limit: room for the file.
+    size_mb = os.path.getsize(path) >> 20
+    file_size_mb = max(256, 2 * size_mb + 64) if rewrite_to is not None else 256
+    options = ReproOptions(
+        python=python,
+        root=os.path.dirname(path),
+        timeout_s=TIMEOUT_S,
+        memory_mb=DEFAULT_MEMORY_MB,
+        sandbox=sandbox,
+        device="cpu",
+        file_size_mb=file_size_mb,
+    )
+    extras = Extras(mode="inspect", rewrite_to=rewrite_to)
+    return run_cold(prepare(path, options), None, None, extras).data
+
+
+def run(args: argparse.Namespace) -> int:
+    from torchls.probe import ReproUsageError, untrusted
 
     problem = check_input(args.checkpoint)
     if problem is not None:
@@ -96,24 +120,10 @@ def run(args: argparse.Namespace) -> int:
             return _refuse(f"{args.rewrite_plain} exists: remove it or choose another name")
         if not rewrite_to.parent.is_dir():
             return _refuse(f"{rewrite_to.parent} is not a folder")
-    # The copy is written inside the sandbox under its file-size limit: room for the file.
-    size_mb = os.path.getsize(path) >> 20
-    file_size_mb = max(256, 2 * size_mb + 64) if rewrite_to is not None else 256
-    options = ReproOptions(
-        python=args.python,
-        root=os.path.dirname(path),
-        timeout_s=TIMEOUT_S,
-        memory_mb=DEFAULT_MEMORY_MB,
-        sandbox=args.sandbox,
-        device="cpu",
-        file_size_mb=file_size_mb,
-    )
     try:
-        extras = Extras(mode="inspect", rewrite_to=rewrite_to)
-        report = run_cold(prepare(path, options), None, None, extras)
+        data = inspect_data(path, args.python, args.sandbox, rewrite_to)
     except ReproUsageError as error:
         return _refuse(str(error))
-    data = report.data
     exception = data.get("exception") or {}
     record = data.get("inspection")
     if not isinstance(record, dict):
@@ -134,6 +144,11 @@ def run(args: argparse.Namespace) -> int:
 def _first_finding(data: dict[str, Any]) -> str | None:
     findings = data.get("findings") or []
     return str(findings[0].get("message")) if findings else None
+
+
+def human_size(count: Any) -> str:
+    """A byte count as people read it ("1.5 MB"); "?" when it is not a count."""
+    return _size(count)
 
 
 def _size(count: Any) -> str:

@@ -150,7 +150,8 @@ async def test_only_filters_the_kinds(client: RecordingClient, tmp_path):
 
     assert quick and all(a.kind == types.CodeActionKind.QuickFix for a in quick)
     assert [a.kind for a in source] == ["source.fixAll.torchls"]
-    assert [a.title for a in repro] == ["Run bounded repro"]  # the range holds a training loop
+    # The range holds a training loop: the repro, and the comparison with HEAD beside it.
+    assert [a.title for a in repro] == ["Run bounded repro", "Compare with HEAD"]
     assert len(everything) == len(quick) + len(source) + len(repro)
     # One fix per fixable finding (TL303-like findings without fixes get none) and one
     # "Disable" per finding.

@@ -148,3 +148,23 @@ def test_a_headless_chromium_screenshot_is_not_blank(page, tmp_path: Path) -> No
     assert len(colors) > 50, len(colors)  # text, axes and bars, not one flat colour
     white = sum(count for count, rgb in colors if rgb == (255, 255, 255))
     assert white < image.width * image.height * 0.97
+
+
+def test_a_run_whose_loss_is_never_finite_still_gets_a_report(tmp_path: Path) -> None:
+    from torchls.probe import ReproOptions, run_repro
+
+    script = tmp_path / "nan.py"
+    script.write_text(
+        "import torch\n"
+        "model = torch.nn.Linear(4, 3)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for _ in range(5):\n"
+        "    loss = torch.log(torch.softmax(model(torch.randn(8, 4)), 1) * 0).sum()\n"
+        "    optimizer.zero_grad()\n"
+        "    loss.backward()\n"
+        "    optimizer.step()\n"
+    )
+    report = run_repro(script, ReproOptions(python=sys.executable, timeout_s=60.0))
+    assert any(f["code"] == "TL901" for f in report.data["findings"])
+    page = render_html(report)
+    assert "loss (this run): never finite" in page and "TL901" in page

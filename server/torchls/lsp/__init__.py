@@ -17,8 +17,8 @@ __all__ = ["TorchLanguageServer", "create_server", "start_stdio"]
 
 
 def create_server() -> TorchLanguageServer:
-    """A new server with the configuration, diagnostics, code action, hover and repro
-    features."""
+    """A new server with the configuration, diagnostics, code action, hover, repro and
+    workflow (inspect, compare, report) features."""
     from torchls.lsp import (
         code_actions,
         configuration,
@@ -27,6 +27,7 @@ def create_server() -> TorchLanguageServer:
         hover,
         repro,
         rule_docs,
+        workflows,
     )
 
     server = TorchLanguageServer()
@@ -38,6 +39,7 @@ def create_server() -> TorchLanguageServer:
     rule_docs.register(server)
     cross_file.register(server)
     repro.register(server)
+    workflows.register(server)  # after the repro: it runs through the repro's controller
     return server
 
 

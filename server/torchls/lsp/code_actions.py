@@ -13,8 +13,10 @@ In: `textDocument/codeAction` (range, context diagnostics, `only` kinds). Out: `
   actions (`only`) or after the actions of a finding in range. Never on its own for a range
   without a finding: clients such as eglot make the first action the default, and a stray Enter
   would apply every fix in the file,
-- `torchls.repro` "Run bounded repro" on lines inside a training loop or train step, in trusted
-  workspaces only (`repro`).
+- `torchls.repro` "Run bounded repro" on lines inside a training loop or train step, and
+  "Compare with HEAD" beside it, in trusted workspaces only (`repro`, `workflows`),
+- `torchls.inspect` "Inspect checkpoint PATH" on a `torch.load`/`torch.save` whose literal path
+  names an existing file, in trusted workspaces only (`workflows`).
 
 Edits are computed from a fresh analysis of the current document version, never from a
 diagnostic's stored data, so they always match the text they will be applied to.
@@ -31,10 +33,11 @@ from pygls.capabilities import get_capability
 from torchls.analysis import Finding
 from torchls.analysis.fix_engine import fix_until_stable, is_safe
 from torchls.analysis.noqa import add_code_to_line
-from torchls.lsp.commands import REPRO_KIND, SHOW_RULE_DOC
+from torchls.lsp.commands import INSPECT_KIND, REPRO_KIND, SHOW_RULE_DOC
 from torchls.lsp.convert import SOURCE, to_diagnostics
 from torchls.lsp.documents import Outcome, Snapshot, selection_for
 from torchls.lsp.positions import LineIndex
+from torchls.lsp.repro import announces_progress
 from torchls.lsp.server import TorchLanguageServer
 from torchls.lsp.settings import Settings
 
@@ -281,6 +284,12 @@ async def code_actions(
     if _wanted(REPRO_KIND, only) and server.repro is not None:
         if (action := await server.repro.code_action(snapshot, params.range)) is not None:
             actions.append(action)
+            if server.workflows is not None and announces_progress(server):
+                # A comparison takes two runs; clients without progress (eglot) would sit on
+                # a blocked request meanwhile, so the menu offers it only where it can wait.
+                actions.append(server.workflows.compare_action(snapshot.uri))
+    if _wanted(INSPECT_KIND, only) and server.workflows is not None:
+        actions.extend(await server.workflows.code_actions(snapshot, params.range))
     if not server.docs.is_current(snapshot):
         return None  # the text changed meanwhile; these edits would no longer apply
     return actions or None
@@ -292,7 +301,12 @@ def register(server: TorchLanguageServer) -> None:
     @server.feature(
         types.TEXT_DOCUMENT_CODE_ACTION,
         types.CodeActionOptions(
-            code_action_kinds=[types.CodeActionKind.QuickFix, FIX_ALL_KIND, REPRO_KIND],
+            code_action_kinds=[
+                types.CodeActionKind.QuickFix,
+                FIX_ALL_KIND,
+                REPRO_KIND,
+                INSPECT_KIND,
+            ],
             resolve_provider=False,
         ),
     )

@@ -66,7 +66,7 @@ from torchls.lsp.settings import ProbeSettings
 from torchls.probe import leftovers, untrusted
 
 if TYPE_CHECKING:
-    from torchls.probe import ProgressEvent, ReproSession
+    from torchls.probe import ProgressEvent, ReproOptions, ReproSession
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +113,38 @@ def choose_python(setting: str | None, root: Path, project: str | None = None) -
         return project, "`python` in [tool.torchls.probe]"
     found, reason = locate_python(None, root)
     return str(found), reason
+
+
+def probe_options(
+    path: str,
+    root: Path,
+    probe: ProbeSettings,
+    device: str | None = None,
+    steps: int | None = None,
+) -> tuple[ReproOptions, str, str]:
+    """(options, interpreter, why it was chosen) for a run of `path` from the editor: the
+    editor's repro and the workflows (compare, inspect) share this one reading. Reads the
+    project file, so it runs on a worker thread, never on the event loop."""
+    from torchls.config import config_or_defaults
+    from torchls.probe import ReproOptions
+    from torchls.probe.options import with_project
+
+    # The same [tool.torchls.probe] reading as `torchls repro`: settings win, the project
+    # file fills the rest (a broken file was already reported as a warning).
+    project = config_or_defaults(path)[0].probe
+    python, source = choose_python(probe.python, root, project.get("python"))
+    options = with_project(
+        ReproOptions(
+            device=device or probe.device,
+            steps=steps or probe.steps,
+            timeout_s=probe.timeout,
+            memory_mb=probe.memory,
+            python=python,
+            root=str(root),
+        ),
+        project,
+    )
+    return options, python, source
 
 
 # -- running --------------------------------------------------------------------------------------
@@ -297,7 +329,7 @@ class ReproController:
             return False
         return self.server.workspace.get_text_document(uri).source != on_disk
 
-    def _root(self, path: str) -> Path:
+    def project_root(self, path: str) -> Path:
         """The project the file belongs to: the innermost workspace folder holding it (lines
         anywhere in it count as the user's), else the file's folder."""
         file = Path(real_path(path))
@@ -326,7 +358,7 @@ class ReproController:
     ) -> Outcome:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Outcome] = loop.create_future()
-        root = self._root(path)
+        root = self.project_root(path)
 
         def deliver(outcome: Outcome) -> None:
             if not done.done():
@@ -341,24 +373,10 @@ class ReproController:
             outcome: Outcome
             python, source = "python", "unknown"
             try:
-                from torchls.config import config_or_defaults
-                from torchls.probe import ReproCancelled, ReproOptions, ReproUsageError
-                from torchls.probe.options import with_project
+                from torchls.probe import ReproCancelled, ReproUsageError
 
-                # The same [tool.torchls.probe] reading as `torchls repro`: settings win, the
-                # project file fills the rest (a broken file was already reported as a warning).
-                project = config_or_defaults(path)[0].probe
-                python, source = choose_python(probe.python, root, project.get("python"))
-                options = with_project(
-                    ReproOptions(
-                        device=request.device or probe.device,
-                        steps=request.steps or probe.steps,
-                        timeout_s=probe.timeout,
-                        memory_mb=probe.memory,
-                        python=python,
-                        root=str(root),
-                    ),
-                    project,
+                options, python, source = probe_options(
+                    path, root, probe, request.device, request.steps
                 )
                 baseline = read_baseline(path)
                 try:
@@ -417,10 +435,10 @@ class ReproController:
             progress.end("could not run")
             message = messages.setup_failure(data, outcome.python, outcome.python_source)
             return self._tell("failed", message, types.MessageType.Error)
-        result = outcome.result
-        result.run_id = next(self.run_ids)
-        self._refresh(self.server.repro_store.put(result))
+        self.publish(outcome.result)
         summary = messages.summary(data, path)
+        if self.server.webview_reports:  # the VS Code extension shows it in a webview
+            summary += ". Its HTML report: torchls.showReproReport."
         progress.end(summary)
         self.server.log(f"torchls: {summary}")
         if detached:  # no progress bar and no answer to carry it: the one sign the run ended
@@ -455,6 +473,13 @@ class ReproController:
         self._show(message, kind)
         self.server.log(message)
         return {"status": status, "message": message}
+
+    def publish(self, result: ReproResult) -> int:
+        """Install a finished run's `result` (a repro's, or a comparison's candidate) as the
+        newest for its document and refresh what shows it; returns its run id."""
+        result.run_id = next(self.run_ids)
+        self._refresh(self.server.repro_store.put(result))
+        return result.run_id
 
     def _refresh(self, paths: set[str]) -> None:
         """New probe results for `paths`: the documents re-check them, and every subscribed

@@ -43,6 +43,7 @@ from torchls.lsp.transport import TorchProtocol
 
 if TYPE_CHECKING:
     from torchls.lsp.repro import ReproController
+    from torchls.lsp.workflows import Workflows
 
 # Re-exported: features and tests have always found these here.
 __all__ = [
@@ -87,6 +88,11 @@ class TorchLanguageServer(LanguageServer):
         # diagnostics layer and the hover); `repro` is that feature's controller once registered.
         self.repro_store = ReproStore()
         self.repro: ReproController | None = None
+        # The checkpoint, compare and report commands (`workflows`) once registered.
+        self.workflows: Workflows | None = None
+        # `webviewReports: true` in initializationOptions: the client (the VS Code extension)
+        # shows repro reports itself, so the server never asks it to open them.
+        self.webview_reports = False
         self._reported: set[str] = set()
         self.docs = Documents(self)
 

@@ -156,9 +156,15 @@ def steps_chart(sides: list[tuple[str, dict[str, Any]]]) -> Any:
     longest = max((len(t.get("loss") or []) for _, t in sides), default=0)
     chart.x_labels = [str(i + 1) for i in range(longest)]
     for label, training in sides:
-        chart.add(f"loss ({label})", [x.get("value") for x in training.get("loss") or []])
+        losses = [x.get("value") for x in training.get("loss") or []]
         norms = [x.get("value") for x in training.get("grad_norm") or []]
-        chart.add(f"gradient norm ({label})", norms, secondary=True)
+        # A series with no finite value (every loss NaN) has no axis range: name it instead.
+        if any(v is not None for v in losses):
+            chart.add(f"loss ({label})", losses)
+        else:
+            chart.add(f"loss ({label}): never finite", [])
+        if any(v is not None for v in norms):
+            chart.add(f"gradient norm ({label})", norms, secondary=True)
     return chart
 
 
