@@ -31,9 +31,11 @@ const CLIENT_NAME = "torchls";
  * them into VS Code commands.
  *
  * vscode-languageclient's own ExecuteCommandFeature registers a VS Code command for each command
- * the server announces. torchls.runRepro and torchls.clearRepro are contributed by this
- * extension (so they exist, and can refuse clearly, before the server is up and in Restricted
- * Mode); a second registration of the same id would make the client fail to start.
+ * the server announces. torchls.runRepro, torchls.clearRepro, torchls.showReproReport,
+ * torchls.inspectCheckpoint and torchls.compareRepro are contributed by this extension (so they
+ * exist, and can refuse clearly, before the server is up and in Restricted Mode, and so the
+ * server's code actions that run them reach the extension's handlers); a second registration
+ * of the same id would make the client fail to start.
  */
 export class ServerCommandsFeature implements DynamicFeature<ExecuteCommandRegistrationOptions> {
     private readonly registrations = new Map<string, readonly string[]>();

@@ -9,6 +9,7 @@ import { onDidChangeActiveInterpreter } from "./pythonExtension";
 import { registerReproCommands } from "./repro";
 import { needsRestart } from "./settings";
 import { StatusItem } from "./status";
+import { registerWorkflowCommands } from "./workflowCommands";
 
 let controller: ServerController | undefined;
 
@@ -17,6 +18,7 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
     const status = new StatusItem();
     const current = new ServerController(context, log, status);
     controller = current;
+    const workflows = registerWorkflowCommands(current);
 
     context.subscriptions.push(
         log,
@@ -24,7 +26,8 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
         current,
         vscode.commands.registerCommand("torchls.restart", () => current.restart("torchls.restart command")),
         vscode.commands.registerCommand("torchls.showOutput", () => log.show()),
-        ...registerReproCommands(current, status),
+        ...workflows.disposables,
+        ...registerReproCommands(current, status, workflows.workflows),
         vscode.workspace.onDidChangeConfiguration((event) => {
             if (needsRestart((section) => event.affectsConfiguration(section))) {
                 void current.restart("interpreter settings changed");

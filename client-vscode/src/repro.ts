@@ -10,11 +10,21 @@ import { ExecuteCommandRequest } from "vscode-languageclient/node";
 import type { ServerController } from "./controller";
 import { reproArguments } from "./reproArguments";
 import type { StatusItem } from "./status";
+import type { Workflows } from "./workflows";
 
 export const RUN_REPRO = "torchls.runRepro";
 export const CLEAR_REPRO = "torchls.clearRepro";
 
-async function forward(controller: ServerController, command: string, args: unknown[]): Promise<unknown> {
+/** Says why Restricted Mode disables a command that runs code, and offers to manage trust. */
+export async function refuseInRestrictedMode(message: string): Promise<void> {
+    const manage = "Manage Workspace Trust";
+    const choice = await vscode.window.showWarningMessage(message, manage);
+    if (choice === manage) {
+        await vscode.commands.executeCommand("workbench.trust.manage");
+    }
+}
+
+export async function forward(controller: ServerController, command: string, args: unknown[]): Promise<unknown> {
     await controller.settled();
     const client = controller.runningClient;
     if (!client) {
@@ -33,17 +43,12 @@ async function forward(controller: ServerController, command: string, args: unkn
     return client.sendRequest(ExecuteCommandRequest.type, { command, arguments: args });
 }
 
-export function registerReproCommands(controller: ServerController, status: StatusItem): vscode.Disposable[] {
+export function registerReproCommands(controller: ServerController, status: StatusItem, workflows: Workflows): vscode.Disposable[] {
     const runRepro = vscode.commands.registerCommand(RUN_REPRO, async (...given: unknown[]) => {
         if (!vscode.workspace.isTrusted) {
-            const manage = "Manage Workspace Trust";
-            const choice = await vscode.window.showWarningMessage(
+            await refuseInRestrictedMode(
                 "torchls: the repro runs your training code, so it is disabled in Restricted Mode. Trust this workspace to use it.",
-                manage,
             );
-            if (choice === manage) {
-                await vscode.commands.executeCommand("workbench.trust.manage");
-            }
             return undefined;
         }
         const editor = vscode.window.activeTextEditor;
@@ -59,7 +64,10 @@ export function registerReproCommands(controller: ServerController, status: Stat
         }
         status.show({ kind: "busy", task: "repro" });
         try {
-            return await forward(controller, RUN_REPRO, args);
+            const result = await forward(controller, RUN_REPRO, args);
+            // Not awaited: the command answers (to a code action, say) without waiting for a click.
+            void workflows.afterRepro(args, result);
+            return result;
         } catch (error) {
             void vscode.window.showErrorMessage(`torchls: the repro failed: ${error instanceof Error ? error.message : String(error)}`);
             return undefined;

@@ -42,6 +42,11 @@ export interface InitializationOptions {
     readonly settings: ServerSettings;
     /** Whether the workspace may run code (the repro). The server assumes false when absent. */
     readonly trusted: boolean;
+    /**
+     * The client shows HTML reports itself (in a webview), so the server must not open them in
+     * a browser.
+     */
+    readonly webviewReports: boolean;
 }
 
 /** Read access to section `torchls`; `key` is relative, e.g. "probe.steps". */
@@ -136,7 +141,7 @@ export function serverSettings(
 }
 
 export function initializationOptions(settings: ServerSettings, trusted: boolean): InitializationOptions {
-    return { settings, trusted };
+    return { settings, trusted, webviewReports: true };
 }
 
 /** True when a configuration change touches a setting that only a restart applies. */

@@ -15,6 +15,10 @@
  *                the .vsix into it (dependencies from the package index) and TL101 appears.
  *  - bundled:    an interpreter without torchls: the "not installed" message offers its fixes;
  *                "Use Bundled" switches importStrategy and TL101 appears.
+ *  - report:     the real server runs a real repro of a small training script (fixtures/
+ *                tiny_train.py, on the CPU); its notice offers "Show Report";
+ *                "torchls: Show Repro Report" opens the report in a webview panel whose page
+ *                carries the extension's Content-Security-Policy.
  * Screenshots go to test-results/. Every process group started is stopped and checked.
  *
  * Inputs: TORCHLS_VENV (required), CODE_SERVER_BIN (else scripts/install-code-server.sh),
@@ -39,7 +43,8 @@ const resultsDir = path.join(clientDir, "test-results");
 const EXAMPLE = "image_classifier.py";
 const EXPECTED_CODE = "TL101";
 const EXPECTED_LINE = 65;
-const OVERALL_TIMEOUT_MS = 300_000;
+const REPORT_SCRIPT = "tiny_train.py";
+const OVERALL_TIMEOUT_MS = 420_000;
 
 function fail(message: string): never {
     throw new Error(message);
@@ -297,7 +302,50 @@ function scenarios(python: string): Scenario[] {
             await expectTL101(workbench, "install");
         },
     };
-    const list = [trusted, restricted, forwarding, install];
+    const report: Scenario = {
+        name: "report",
+        trustEverything: true,
+        settings: { ...baseSettings(), "torchls.interpreter": [python], "torchls.probe.device": "cpu", "torchls.probe.steps": 2 },
+        prepare: (root) => {
+            const workspace = path.join(root, "workspace");
+            fs.mkdirSync(workspace, { recursive: true });
+            fs.copyFileSync(path.join(clientDir, "test", "e2e", "fixtures", REPORT_SCRIPT), path.join(workspace, REPORT_SCRIPT));
+            return {};
+        },
+        body: async (workbench) => {
+            await workbench.openFile(REPORT_SCRIPT);
+            await workbench.waitForStatusBar("torchls", "running", 60_000);
+            await workbench.runCommand("torchls: Run Repro");
+            // The first run is cold (the sandbox imports torch).
+            // Its notice (not the progress toast, which shows the same summary) has "Show Report".
+            const notice = await workbench
+                .notificationContaining(`repro of ${REPORT_SCRIPT}`, 120_000, "Show Report")
+                .catch((error: unknown) => fail(`report: no notice of the finished repro with "Show Report": ${String(error)}`));
+            log(`report: repro notice: ${notice}`);
+            await workbench.screenshot("report-repro-done");
+            await workbench.runCommand("torchls: Show Repro Report");
+            let tab: string;
+            try {
+                tab = await workbench.waitForTab(`Repro Report: ${REPORT_SCRIPT}`, 30_000);
+            } catch {
+                const errors = await workbench.notificationContaining("torchls", 1_000).catch(() => "no torchls notification");
+                fail(`report: "torchls: Show Repro Report" opened no "Repro Report: ${REPORT_SCRIPT}" tab (does the server offer torchls.showReproReport?): ${errors}`);
+            }
+            log(`report: tab: ${tab}`);
+            const page = await workbench.webviewContaining("torchls repro", 30_000);
+            log(`report: webview text starts: ${page.text.slice(0, 120).replace(/\s+/g, " ")}; policies: ${JSON.stringify(page.policies)}`);
+            if (!page.text.includes(REPORT_SCRIPT.replace(/\.py$/, ""))) {
+                fail(`report: the webview does not show the report of ${REPORT_SCRIPT}`);
+            }
+            if (!page.policies.includes("default-src 'none'; style-src 'unsafe-inline'; img-src data:")) {
+                fail(`report: the webview's page lacks the extension's Content-Security-Policy: ${JSON.stringify(page.policies)}`);
+            }
+            // Charts are inline SVG: let them lay out before the screenshot.
+            await new Promise((resolve) => setTimeout(resolve, 1_000));
+            await workbench.screenshot("report-webview");
+        },
+    };
+    const list = [trusted, restricted, forwarding, install, report];
     if (fs.existsSync(bare) && !hasTorchls(bare)) {
         list.push(bundled);
     } else {

@@ -147,14 +147,17 @@ export class Workbench {
         );
     }
 
-    /** Waits for a notification toast whose message contains `needle`; returns "message [buttons]". */
-    async notificationContaining(needle: string, timeoutMs: number): Promise<string> {
+    /**
+     * Waits for a notification toast whose message contains `needle` (and, if given, that has a
+     * button labelled `button`); returns "message [buttons]".
+     */
+    async notificationContaining(needle: string, timeoutMs: number, button?: string): Promise<string> {
         const handle = await this.page.waitForFunction(
-            (wanted: string) => {
+            (wanted: string, label: string | undefined) => {
                 for (const toast of document.querySelectorAll(".notifications-toasts .notification-toast")) {
                     const message = toast.querySelector(".notification-list-item-message")?.textContent ?? "";
-                    if (message.includes(wanted)) {
-                        const buttons = [...toast.querySelectorAll(".monaco-button")].map((button) => button.textContent?.trim());
+                    const buttons = [...toast.querySelectorAll(".monaco-button")].map((element) => element.textContent?.trim() ?? "");
+                    if (message.includes(wanted) && (label === undefined || buttons.includes(label))) {
                         return `${message} [${buttons.join(" | ")}]`;
                     }
                 }
@@ -162,6 +165,7 @@ export class Workbench {
             },
             { timeout: timeoutMs },
             needle,
+            button,
         );
         // Toasts slide in; wait out the animation so screenshots show them whole.
         await new Promise((resolve) => setTimeout(resolve, 600));
@@ -177,6 +181,49 @@ export class Workbench {
         }, label);
         if (!clicked) {
             throw new Error(`no notification button "${label}"`);
+        }
+    }
+
+    /** Waits for an editor tab whose label contains `title` (a text editor or a webview panel). */
+    async waitForTab(title: string, timeoutMs: number): Promise<string> {
+        const handle = await this.page.waitForFunction(
+            (wanted: string) =>
+                [...document.querySelectorAll(".tabs-container .tab")].map((tab) => tab.textContent ?? "").find((text) => text.includes(wanted)) ??
+                false,
+            { timeout: timeoutMs },
+            title,
+        );
+        return String(await handle.jsonValue());
+    }
+
+    /**
+     * Waits for a webview whose page text contains `needle`. Webviews are nested iframes (the
+     * host frame, then the content frame), so every frame of the page is searched; returns the
+     * page's text and the content of its Content-Security-Policy meta elements.
+     */
+    async webviewContaining(needle: string, timeoutMs: number): Promise<{ text: string; policies: string[] }> {
+        const deadline = Date.now() + timeoutMs;
+        for (;;) {
+            for (const frame of this.page.frames()) {
+                if (frame === this.page.mainFrame()) {
+                    continue;
+                }
+                const found = await frame
+                    .evaluate(() => ({
+                        text: document.body?.innerText ?? "",
+                        policies: [...document.querySelectorAll("meta[http-equiv='Content-Security-Policy']")].map(
+                            (meta) => meta.getAttribute("content") ?? "",
+                        ),
+                    }))
+                    .catch(() => undefined); // a frame that is navigating or gone
+                if (found?.text.includes(needle)) {
+                    return found;
+                }
+            }
+            if (Date.now() > deadline) {
+                throw new Error(`no webview shows "${needle}" after ${timeoutMs / 1000} s`);
+            }
+            await new Promise((resolve) => setTimeout(resolve, 500));
         }
     }
 

@@ -92,7 +92,7 @@ describe("serverSettings", () => {
 
     it("wraps settings and trust the way the server splits initializationOptions", () => {
         const server = serverSettings(DEFAULT_SETTINGS, undefined);
-        expect(initializationOptions(server, false)).toEqual({ settings: server, trusted: false });
+        expect(initializationOptions(server, false)).toEqual({ settings: server, trusted: false, webviewReports: true });
     });
 });
 
