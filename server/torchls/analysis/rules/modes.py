@@ -767,7 +767,18 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
     scopes = [facts.tree, *facts.functions.values()]
     scopes += [m for c in facts.classes.values() for m in c.methods.values()]
     project_calls = set(facts.project_calls)
+    # Only scopes that hold a backward(), a loss call or a project call can hold a loss: the
+    # others are not walked at all (most functions of a file are neither).
+    lossy = {
+        facts.scope(call)
+        for call in facts.calls
+        if call in project_calls
+        or call in facts.loss_call_nodes
+        or (facts.method_name(call) == "backward" and not call.args)
+    }
     for scope in scopes:
+        if scope not in lossy:
+            continue
         loss_names, containers = _loss_names(facts, scope, project_calls)
         if not loss_names and not containers:
             continue
