@@ -384,7 +384,7 @@ class Divergence:
         params = self._params(optimizer)
         with torch.no_grad():
             norms = [p.grad.detach().float().norm() for p in params]
-            total = float(torch.stack(norms).norm()) if norms else 0.0
+            total = float(torch.stack(norms).norm()) if norms else 0.0  # one sync
             if math.isfinite(total):
                 self.grad_norms.append((step, total))
             size = sum(p.numel() * p.element_size() for p in params)
@@ -395,27 +395,37 @@ class Divergence:
     def after_step(self, optimizer: torch.optim.Optimizer) -> None:
         if not self._before or self._optimizer != id(optimizer):
             return
+        before, self._before = self._before, []
         with torch.no_grad():
-            deltas = [float((p.detach() - old).float().norm()) for p, old in self._before]
-            delta = sum(d**2 for d in deltas)
-            weight = sum(float(old.float().norm()) ** 2 for _, old in self._before)
-            for (p, old), moved in zip(self._before, deltas, strict=True):
-                name = self._names.get(id(p))
-                if name is None or p.grad is None or len(self.per_step) >= 2000:
-                    continue
-                grad = p.grad.detach().float()
-                figures = {
-                    "grad_norm": float(grad.norm()),
-                    "grad_max": float(grad.abs().max()) if grad.numel() else 0.0,
-                    "update_norm": moved,
-                    "weight_norm": float(old.float().norm()),
-                }
-                if not self.layers or self._step == self._first_step:
-                    self._first_step = self._step
-                    first = {k: figures[k] for k in ("grad_norm", "update_norm")}
-                    self.layers.setdefault(name, first)
-                self.per_step.append({"step": self._step, "name": name, **figures})
-        self._before = []
+            # One stacked reduction and one device->host copy per figure, not one per tensor.
+            params = [p for p, _ in before]
+            moved = torch.stack([(p.detach() - old).float().norm() for p, old in before])
+            weights = torch.stack([old.float().norm() for _, old in before])
+            grads = [p.grad.detach().float() if p.grad is not None else None for p in params]
+            zero = torch.zeros((), device=moved.device)
+            grad_norm = torch.stack([g.norm() if g is not None else zero for g in grads])
+            grad_max = torch.stack(
+                [g.abs().max() if g is not None and g.numel() else zero for g in grads]
+            )
+            table = torch.stack([moved, weights, grad_norm, grad_max]).double().cpu().tolist()
+        moved_list, weight_list, norm_list, max_list = table
+        delta = sum(d**2 for d in moved_list)
+        weight = sum(w**2 for w in weight_list)
+        for index, p in enumerate(params):
+            name = self._names.get(id(p))
+            if name is None or grads[index] is None or len(self.per_step) >= 2000:
+                continue
+            figures = {
+                "grad_norm": norm_list[index],
+                "grad_max": max_list[index],
+                "update_norm": moved_list[index],
+                "weight_norm": weight_list[index],
+            }
+            if not self.layers or self._step == self._first_step:
+                self._first_step = self._step
+                first = {k: figures[k] for k in ("grad_norm", "update_norm")}
+                self.layers.setdefault(name, first)
+            self.per_step.append({"step": self._step, "name": name, **figures})
         if weight > 0 and math.isfinite(delta):
             lr = optimizer.param_groups[0].get("lr") if optimizer.param_groups else None
             lr_value = float(lr) if isinstance(lr, int | float) else float("nan")
@@ -506,18 +516,28 @@ class Activations:
         self._seen.add(key)
         with torch.no_grad():
             t = tensor.detach().float()
-            finite = torch.isfinite(t)
             count = t.numel()
-            good = t[finite]
+            # One stacked reduction, one device->host copy; the exact (slower) statistics over
+            # the finite values only when some are not.
+            finite = torch.isfinite(t)
+            spread = t.std() if count > 1 else t.new_zeros(())
+            figures = torch.stack(
+                [t.mean(), spread, (t == 0).sum().float(), (~finite).sum().float()]
+            ).tolist()
+            mean, std, zeros, bad = figures
+            if bad:
+                good = t[finite]
+                mean = float(good.mean()) if good.numel() else None
+                std = float(good.std()) if good.numel() > 1 else 0.0
             self.items.append(
                 {
                     "step": step,
                     "module": name,
                     "kind": kind,
-                    "mean": float(good.mean()) if good.numel() else None,
-                    "std": float(good.std()) if good.numel() > 1 else 0.0,
-                    "zeros": float((t == 0).sum()) / count,
-                    "nonfinite": float(count - finite.sum()) / count,
+                    "mean": mean,
+                    "std": std,
+                    "zeros": zeros / count,
+                    "nonfinite": bad / count,
                 }
             )
 
