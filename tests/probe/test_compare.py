@@ -103,11 +103,11 @@ def test_a_change_that_introduces_the_bug_exits_1(tmp_path: Path) -> None:
 def test_repeat_gives_counts_per_side(repo: Path) -> None:
     script = repo / "train.py"
     script.write_text(SCRIPT.format(loss=FIXED))
-    code, result = compare(script, "HEAD", "--repeat", "3")
+    code, result = compare(script, "HEAD", "--repeat", "5")
     assert code == 0
     runs = result["runs"]
-    assert runs["baseline"]["runs"] == runs["candidate"]["runs"] == 3
-    assert runs["baseline"]["nonfinite"] == 3 and runs["candidate"]["nonfinite"] == 0
+    assert runs["baseline"]["runs"] == runs["candidate"]["runs"] == 5
+    assert runs["baseline"]["nonfinite"] == 5 and runs["candidate"]["nonfinite"] == 0
     spread = runs["candidate"]["final_loss"]
     assert spread["min"] <= spread["max"]
 
