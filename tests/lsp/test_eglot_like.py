@@ -35,6 +35,7 @@ from lsprotocol import types
 from pygls.protocol import default_converter
 from pygls.uris import from_fs_path
 
+from tests.lsp.test_repro import NAN  # the same NaN-born-on-torch.log script
 from tests.probe.support import leftovers
 from torchls.analysis import get_rule
 from torchls.docs import rule_markdown
@@ -161,27 +162,6 @@ EGLOT_19_CAPABILITIES: dict[str, Any] = {
 }
 # What eglot answers workspace/configuration with, from eglot-workspace-configuration.
 CONFIGURATION = {"probe": {"device": "cpu", "timeout": 60}}
-
-# The NaN is born on the `torch.log` line (as in test_repro); the emoji makes UTF-16 columns
-# differ from code points.
-NAN = """\
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-
-torch.manual_seed(0)
-model = nn.Linear(4, 3)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-x = torch.randn(8, 4)
-y = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
-for step in range(10):
-    probs = F.softmax(model(x), dim=1) * (y[:, None] != 0)
-    tag = "🔥"; logp = torch.log(probs)
-    loss = -(logp * F.one_hot(y, 3)).sum() / len(y)
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-"""
 
 
 # -- an eglot-like client --------------------------------------------------------------------------
