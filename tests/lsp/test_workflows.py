@@ -28,6 +28,7 @@ from pygls.uris import from_fs_path, to_fs_path
 from .support import RecordingClient, diagnostics_of, open_doc, position_of, range_of, session
 from .test_eglot_like import eglot
 from .test_eglot_like import message as eglot_message
+from .test_repro import PROBS_AS_LOGITS
 
 PROBE = {"device": "cpu", "timeout": 30}
 
@@ -51,23 +52,7 @@ def other():
 """
 
 # Softmax output passed to cross_entropy as logits: TL903 at run time.
-BUGGY = """\
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-
-torch.manual_seed(0)
-model = nn.Linear(4, 3)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-x = torch.randn(8, 4)
-y = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
-for step in range(10):
-    probs = F.softmax(model(x), dim=1)
-    loss = F.cross_entropy(probs, y)
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-"""
+BUGGY = PROBS_AS_LOGITS
 FIXED = BUGGY.replace("F.cross_entropy(probs, y)", "F.cross_entropy(model(x), y)")
 
 

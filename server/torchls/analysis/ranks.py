@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from torchls.analysis.facts import Facts
@@ -91,33 +92,48 @@ def is_rank_value(facts: Facts, expr: ast.AST, depth: int = 0) -> bool:
     `rank % ngpus_per_node`, or a name bound to one of those."""
     if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mod):
         return is_rank_value(facts, expr.left, depth)
-    if _environ(expr, RANK_VARIABLES):
+    return _names_value(facts, expr, depth, RANK_VARIABLES, RANK_CALLS, RANK_NAME_RE, is_rank_value)
+
+
+def _is_world_size(facts: Facts, expr: ast.AST, depth: int = 0) -> bool:
+    return _names_value(
+        facts,
+        expr,
+        depth,
+        WORLD_SIZE_VARIABLES,
+        WORLD_SIZE_CALLS,
+        WORLD_SIZE_NAME_RE,
+        _is_world_size,
+    )
+
+
+def _names_value(
+    facts: Facts,
+    expr: ast.AST,
+    depth: int,
+    variables: Any,
+    calls: Any,
+    name_re: re.Pattern[str],
+    again: Callable[[Facts, ast.AST, int], bool],
+) -> bool:
+    """`expr` is the value these names stand for: read from the environment variables, returned
+    by one of the calls, `int(...)` of such a value, a matching name, or a name bound to one."""
+    if _environ(expr, variables):
         return True
     if isinstance(expr, ast.Call):
-        if identifier(expr) in RANK_CALLS:
+        if identifier(expr) in calls:
             return True
         if isinstance(expr.func, ast.Name) and expr.func.id == "int" and expr.args:
-            return is_rank_value(facts, expr.args[0], depth)
+            return again(facts, expr.args[0], depth)
         return False
     name = identifier(expr)
-    if name is not None and RANK_NAME_RE.match(name):
+    if name is not None and name_re.match(name):
         return True
     if isinstance(expr, ast.Name) and depth < MAX_DEPTH:
         value = facts.binding_value(expr)
         if value is not None:
-            return is_rank_value(facts, value, depth + 1)
+            return again(facts, value, depth + 1)
     return False
-
-
-def _is_world_size(facts: Facts, expr: ast.AST, depth: int = 0) -> bool:
-    if _environ(expr, WORLD_SIZE_VARIABLES):
-        return True
-    if isinstance(expr, ast.Call):
-        if identifier(expr) in WORLD_SIZE_CALLS:
-            return True
-        if isinstance(expr.func, ast.Name) and expr.func.id == "int" and expr.args:
-            return _is_world_size(facts, expr.args[0], depth)
-        return False
     name = identifier(expr)
     if name is not None and WORLD_SIZE_NAME_RE.match(name):
         return True
