@@ -122,6 +122,8 @@ class Facts(IndexQueries, KindQueries, ValueQueries, FlowQueries, SummaryQueries
         self.assignments: dict[ast.AST, dict[str, list[Assignment]]] = {}
         self.scope_of_node: dict[ast.AST, ScopeNode] = {}
         self._calls_in: dict[ast.AST, list[ast.Call]] = {}
+        self._scopes: dict[ast.AST, ScopeNode] = {}
+        self._reaching: dict[ast.Name, Assignment | None] = {}
         self.scope_nodes: dict[ast.AST, list[ast.AST]] = {}
         self.calls_by_statement: dict[ast.stmt, list[ast.Call]] = {}
         self.local_functions: dict[ast.AST, dict[str, FunctionNode]] = {}

@@ -165,9 +165,13 @@ def _loss_object_kind(facts: Facts, func: ast.expr, depth: int = 0) -> ObjectKin
 
 def find_loss_calls(facts: Facts) -> list[LossCall]:
     found = []
+    bound = facts.bound_names
     for call in facts.calls:
         if not call.args and not call.keywords:
             continue
+        func = call.func
+        if isinstance(func, ast.Name) and func.id not in bound:
+            continue  # `len(...)`, `print(...)`: a name nothing in the file binds holds no loss
         kind = loss_kind_of_call(facts, call)
         if kind is None:
             continue

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from torchls.analysis.facts import EVAL_FUNCTION_RE
+from torchls.analysis.queries.vocabulary import _child_statements
 
 if TYPE_CHECKING:
     from torchls.analysis.facts import Facts, FunctionNode
@@ -76,6 +77,14 @@ class ModeAnalysis:
     _possible_keys: set[str] = field(default_factory=set)
     _loop_depth: int = 0
     _inert_cache: dict[ast.AST, bool] = field(default_factory=dict)
+    # Statements with a relevant call somewhere inside (their own function only); None until
+    # the first question, then filled by one pass over the file's calls.
+    _live: set[ast.AST] | None = None
+    # The module and the functions `run` interprets: calls elsewhere are never asked about.
+    _interpreted: set[ast.AST] = field(default_factory=set)
+    # Call sites that run a helper's loop as evaluation (`run_epoch(..., train=False)`) ->
+    # the helper's entry state from that site, in the helper's own names.
+    evaluating_entry: dict[ast.Call, State] = field(default_factory=dict)
     # Statements that build a model somewhere inside (a fresh module starts in train mode).
     _builds_model: set[ast.AST] = field(default_factory=set)
     # Whether this file's functions put the models they are given in eval() themselves.
@@ -91,6 +100,7 @@ class ModeAnalysis:
         if not _can_matter(facts):
             return
         functions = _relevant_functions(facts)
+        self._interpreted = {facts.tree, *functions}
         self._possible_keys = _possible_keys(facts)
         self._builds_model = _statements_building_models(facts)
         self._helpers_own_modes = _helpers_own_modes(facts)
@@ -153,15 +163,42 @@ class ModeAnalysis:
     def _inert(self, stmt: ast.stmt) -> bool:
         """True when nothing in `stmt` can read or change a mode (no relevant call, no model
         built): most statements, so the interpreter skips them whole, loops included."""
-        inert = self._inert_cache.get(stmt)
-        if inert is None:
-            inert = (
-                not self._relevant_calls(stmt)
-                and stmt not in self._builds_model
-                and stmt not in self._saves_mode
-            )
-            self._inert_cache[stmt] = inert
-        return inert
+        live = self._live
+        if live is None:
+            live = self._live = self._live_statements()
+        return stmt not in live and stmt not in self._builds_model and stmt not in self._saves_mode
+
+    def _live_statements(self) -> set[ast.AST]:
+        """Every statement that holds a relevant call, with the statements around it up to
+        its function: one walk up from each call instead of one scan per statement."""
+        facts = self.facts
+        parents = facts.parents
+        interpreted = self._interpreted
+        live: set[ast.AST] = set()
+        functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+        for call in facts.calls:
+            chain: list[ast.AST] = []
+            node: ast.AST | None = parents.get(call)
+            seen = False  # reached a statement marked already: same function, interpreted
+            scope: ast.AST | None = None
+            while node is not None:
+                if isinstance(node, ast.stmt):
+                    if node in live:
+                        seen = True
+                        break
+                    chain.append(node)
+                    if isinstance(node, functions):
+                        scope = node
+                        break
+                elif isinstance(node, ast.Module):
+                    scope = node
+                    break
+                node = parents.get(node)
+            if not chain or not (seen or scope in interpreted):
+                continue
+            if self._is_relevant(call):
+                live.update(chain)
+        return live
 
     def _statement(self, stmt: ast.stmt, state: State) -> State:
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -288,22 +325,31 @@ class ModeAnalysis:
 
     def _relevant_calls(self, node: ast.AST) -> list[ast.Call]:
         """The calls under `node` that can read or change a mode (most calls cannot: `len`,
-        `loss.backward`, tensor ops), computed once per node."""
+        `loss.backward`, tensor ops), computed once per node. For a simple statement these
+        are the calls the index filed under it."""
         found = self._relevant.get(node)
         if found is None:
-            calls = self.facts.calls_in(node) if not isinstance(node, ast.Call) else [node]
-            found = []
-            for call in calls:
-                method, _, called_key, is_model, function = self._describe(call)
-                if (
-                    method in ("train", "eval")
-                    or function is not None
-                    or is_model
-                    or (called_key is not None and called_key in self._possible_keys)
-                ):
-                    found.append(call)
+            facts = self.facts
+            if isinstance(node, ast.Call):
+                calls = [node]
+            elif isinstance(node, ast.stmt) and not _child_statements(node):
+                calls = sorted(
+                    facts.calls_by_statement.get(node, ()), key=lambda c: (c.lineno, c.col_offset)
+                )
+            else:
+                calls = facts.calls_in(node)
+            found = [call for call in calls if self._is_relevant(call)]
             self._relevant[node] = found
         return found
+
+    def _is_relevant(self, call: ast.Call) -> bool:
+        method, _, called_key, is_model, function = self._describe(call)
+        return (
+            method in ("train", "eval")
+            or function is not None
+            or is_model
+            or (called_key is not None and called_key in self._possible_keys)
+        )
 
     def _describe(self, call: ast.Call) -> CallInfo:
         """What the interpreter needs to know about a call, computed once per call (loops and
@@ -385,8 +431,14 @@ class ModeAnalysis:
         for key, facts_ in state.items():
             if key.startswith("self.") or ("." not in key and key not in mapping):
                 entry.setdefault(key, facts_)
-        pending = self._pending_entries.setdefault(function, {})
-        self._pending_entries[function] = _union(pending, entry) if pending else entry
+        if any(site is call for site, _, _ in self.facts.evaluating_sites(function)):
+            # `run_epoch(..., train=False)`: this call runs the helper's loop as evaluation;
+            # its state is kept apart, so it never counts as the mode training runs in.
+            before = self.evaluating_entry.get(call)
+            self.evaluating_entry[call] = _union(before, entry) if before else entry
+        else:
+            pending = self._pending_entries.setdefault(function, {})
+            self._pending_entries[function] = _union(pending, entry) if pending else entry
         effect = self._effect(function)
         if not effect:
             return state
@@ -511,11 +563,15 @@ def _can_matter(facts: Facts) -> bool:
         return True
     if any(role == "eval" for role in facts.batch_loops.values()):
         return True
-    return any(
-        EVAL_FUNCTION_RE.match(node.name)
+    functions = [
+        node
         for node in facts.scope_nodes
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-    )
+    ]
+    if any(EVAL_FUNCTION_RE.match(node.name) for node in functions):
+        return True
+    # `run_epoch(..., train=False)`: a loop that evaluates on some call sites.
+    return any(facts.call_sites(node) and facts.evaluating_sites(node) for node in functions)
 
 
 def _possible_keys(facts: Facts) -> set[str]:

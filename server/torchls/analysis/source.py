@@ -143,7 +143,9 @@ def parse_source(text: str) -> ParsedSource:
             blanked.add(row)
     for _ in range(MAX_RECOVERY_ATTEMPTS):
         try:
-            tree = _quiet_parse("\n".join(working))
+            # Untouched `\n`-separated lines parse as the text itself (no copy of the file).
+            plain = not blanked and "\r" not in text and working == lines
+            tree = _quiet_parse(text if plain else "\n".join(working))
             return ParsedSource(text, lines, tree, blanked, problems)
         except RecursionError:
             raise SourceError("nesting too deep for Python's parser") from None

@@ -127,6 +127,8 @@ class FlowQueries:
     def _resolve_called_function(self, call: ast.Call) -> FunctionNode | None:
         func = call.func
         if isinstance(func, ast.Name):
+            if func.id not in self._function_names:
+                return None  # `len(...)`, `model(...)`: no function of this file has the name
             # A nested function (an LBFGS closure, say) shadows a module-level one.
             nested = self.local_functions.get(self.scope(call), {}).get(func.id)
             return nested or self.functions.get(func.id)
@@ -137,6 +139,10 @@ class FlowQueries:
                 if info is not None:
                     return info.methods.get(func.attr)
         return None
+
+    @cached_property
+    def _function_names(self) -> frozenset[str]:
+        return frozenset(name for local in self.local_functions.values() for name in local)
 
     @cached_property
     def _call_sites(self) -> dict[ast.AST, list[ast.Call]]:
@@ -399,3 +405,101 @@ class FlowQueries:
                 found.append(current)
             current = self.parents.get(current)
         return found
+
+    def evaluating_sites(self, function: FunctionNode) -> list[tuple[ast.Call, str, ast.expr]]:
+        """(call site, parameter, argument) for each call of `function` that runs it without
+        training, because every backward() and optimizer step in it sits under a test of one
+        parameter that the site's constant argument makes false:
+        `run_epoch(model, loader, train=False)` for `if train: loss.backward(); opt.step()`,
+        `mode="val"` for `if mode == "train":`, an omitted `optimizer=None` for
+        `if optimizer is not None:`. Empty when any training call is unguarded, guarded by
+        something else, or the sites' arguments are not constants."""
+        cache = self.__dict__.setdefault("_evaluating_cache", {})
+        if function not in cache:
+            cache[function] = self._evaluating_sites(function)
+        return cache[function]
+
+    def _evaluating_sites(self, function: FunctionNode) -> list[tuple[ast.Call, str, ast.expr]]:
+        def trains(call: ast.Call) -> bool:
+            return self.is_backward(call) or self.optimizer_of_step(call) is not None
+
+        # Calls of helpers that train count too: each must sit under the same test.
+        trainers = [call for call in self.calls_in(function) if self.reaches(call, trains)]
+        if not trainers:
+            return []
+        guards = {_parameter_guard(self, function, call) for call in trainers}
+        if len(guards) != 1 or None in guards:
+            return []
+        guard = guards.pop()
+        assert guard is not None
+        param = guard[0]
+        arguments = self._arguments_for(function, param)
+        sites = self.call_sites(function)
+        if arguments is None or len(arguments) < len(sites):
+            return []
+        found = []
+        for site, argument in zip(sites, arguments, strict=False):
+            if isinstance(argument, ast.Constant) and not _guard_holds(guard, argument.value):
+                found.append((site, param, argument))
+        return found
+
+
+# (parameter, test, constant): "truthy" trains when the parameter is truthy, "eq" when it equals
+# the constant, "ne" when it differs from it.
+Guard = tuple[str, str, object]
+
+
+def _parameter_guard(facts: FlowQueries, function: FunctionNode, call: ast.Call) -> Guard | None:
+    """The test of one parameter of `function` that `call` runs under (the nearest `if`)."""
+    child: ast.AST = call
+    current = facts.parents.get(call)  # type: ignore[attr-defined]
+    while current is not None and current is not function:
+        if isinstance(current, ast.If):
+            in_body = any(child is stmt for stmt in current.body)
+            guard = _guard_of(facts, function, current.test, in_body)
+            if guard is not None:
+                return guard
+        if isinstance(current, _SCOPE_TYPES):
+            return None
+        child, current = current, facts.parents.get(current)  # type: ignore[attr-defined]
+    return None
+
+
+def _guard_of(
+    facts: FlowQueries, function: FunctionNode, test: ast.expr, in_body: bool
+) -> Guard | None:
+    negated = False
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        test, negated = test.operand, True
+    positive = in_body != negated  # the call runs where the test (without `not`) is true
+    name: ast.expr | None = None
+    guard: tuple[str, object] | None = None
+    if isinstance(test, ast.Name):
+        name, guard = test, ("truthy" if positive else "falsy", None)
+    elif (
+        isinstance(test, ast.Compare)
+        and len(test.ops) == 1
+        and isinstance(test.left, ast.Name)
+        and isinstance(test.comparators[0], ast.Constant)
+    ):
+        name, op, value = test.left, test.ops[0], test.comparators[0].value
+        if isinstance(op, (ast.Eq, ast.Is)):
+            guard = ("eq" if positive else "ne", value)
+        elif isinstance(op, (ast.NotEq, ast.IsNot)):
+            guard = ("ne" if positive else "eq", value)
+    if not isinstance(name, ast.Name) or guard is None:
+        return None
+    if facts.parameter_of(name) is not function:  # type: ignore[attr-defined]
+        return None  # a local, or a parameter rebound before the test
+    return (name.id, guard[0], guard[1])
+
+
+def _guard_holds(guard: Guard, value: object) -> bool:
+    _, test, constant = guard
+    if test == "truthy":
+        return bool(value)
+    if test == "falsy":
+        return not value
+    if test == "eq":
+        return value == constant
+    return value != constant

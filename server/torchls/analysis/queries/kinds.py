@@ -10,7 +10,7 @@ In: the index queries of the same `Facts`. Out: the `KindQueries` mixin of `Fact
 from __future__ import annotations
 
 import ast
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from torchls.analysis.queries.vocabulary import (
     ACTIVATION_MODULES,
@@ -69,7 +69,7 @@ class KindQueries:
             if annotated is not None:
                 return annotated
             name = expr.id if isinstance(expr, ast.Name) else expr.attr
-            return self._kind_from_name(name)
+            return _kind_from_name(name)
         if isinstance(expr, DATA_DISPLAYS) or (
             isinstance(expr, ast.Constant) and expr.value is not None
         ):
@@ -101,21 +101,6 @@ class KindQueries:
         if kind is None or self.reaching_assignment(expr) is not None:
             return None  # not a module type, or rebound: the annotation no longer applies
         return kind
-
-    def _kind_from_name(self, name: str) -> ObjectKind | None:
-        if "sched" in name.lower():
-            return ObjectKind("scheduler", by_name=True)
-        if "scaler" in name.lower():
-            return ObjectKind("scaler", by_name=True)
-        if OPTIMIZER_NAME_RE.match(name):
-            return ObjectKind("optimizer", by_name=True)
-        if LOSS_NAME_RE.match(name):
-            return ObjectKind("loss", by_name=True)
-        if LOADER_NAME_RE.search(name):
-            return ObjectKind("loader", by_name=True)
-        if MODEL_NAME_RE.match(name):
-            return ObjectKind("model", by_name=True)
-        return None
 
     def _kind_of_call(self, call: ast.Call, depth: int) -> ObjectKind | None:
         qualname = self.call_qualname(call) or ""
@@ -309,3 +294,22 @@ class KindQueries:
                     return None
                 owners |= found
         return owners or None
+
+
+@lru_cache(maxsize=4096)
+def _kind_from_name(name: str) -> ObjectKind | None:
+    """The last resort of `kind_of`: what a name says it holds (the same for every file,
+    hence cached by the name alone)."""
+    if "sched" in name.lower():
+        return ObjectKind("scheduler", by_name=True)
+    if "scaler" in name.lower():
+        return ObjectKind("scaler", by_name=True)
+    if OPTIMIZER_NAME_RE.match(name):
+        return ObjectKind("optimizer", by_name=True)
+    if LOSS_NAME_RE.match(name):
+        return ObjectKind("loss", by_name=True)
+    if LOADER_NAME_RE.search(name):
+        return ObjectKind("loader", by_name=True)
+    if MODEL_NAME_RE.match(name):
+        return ObjectKind("model", by_name=True)
+    return None

@@ -488,15 +488,16 @@ def _state_dict_owner(facts: Facts, value: ast.expr) -> ast.expr | None:
     return None
 
 
-def _constructed(facts: Facts, kind: str) -> list[tuple[ast.Call, str]]:
-    """In-file constructor calls of objects of `kind` ("optimizer", "scheduler", "scaler")."""
-    found = []
+def _constructed(facts: Facts, kinds: tuple[str, ...]) -> dict[str, list[tuple[ast.Call, str]]]:
+    """In-file constructor calls of objects of each of `kinds` ("optimizer", "scheduler",
+    "scaler"), found in one pass over the file's calls."""
+    found: dict[str, list[tuple[ast.Call, str]]] = {kind: [] for kind in kinds}
     for call in facts.calls:
         if facts.call_qualname(call) is None:
             continue  # optimizers, schedulers and scalers are built by imported constructors
         found_kind = facts.kind_of(call)
-        if found_kind is not None and found_kind.kind == kind and found_kind.node is call:
-            found.append((call, found_kind.detail))
+        if found_kind is not None and found_kind.kind in found and found_kind.node is call:
+            found[found_kind.kind].append((call, found_kind.detail))
     return found
 
 
@@ -559,7 +560,7 @@ def checkpoint_missing_training_state(facts: Facts) -> Iterator[Hit]:
     `{"model": ..., "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
     "scaler": scaler.state_dict(), "epoch": epoch}`. No automatic fix.
     """
-    constructed = {kind: _constructed(facts, kind) for kind in ("optimizer", "scheduler", "scaler")}
+    constructed = _constructed(facts, ("optimizer", "scheduler", "scaler"))
     if not constructed["optimizer"]:
         return
     for call, saved in _checkpoint_saves(facts):

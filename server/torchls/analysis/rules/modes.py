@@ -213,6 +213,43 @@ def eval_without_eval_mode(facts: Facts) -> Iterator[Hit]:
             f"`{key}.eval()` first (dropout and batch-norm behave differently)",
             fix,
         )
+    yield from _flag_evaluations(facts)
+
+
+def _flag_evaluations(facts: Facts) -> Iterator[Hit]:
+    """A function that trains or evaluates by a parameter (`run_epoch(..., train=False)`):
+    at each site that passes the evaluating constant, the model its loop runs must be in
+    eval mode. No fix: the function's own loop also trains, so the mode is the caller's."""
+    analysis = modes_of(facts)
+    if not analysis.evaluating_entry:
+        return
+    reported: set[tuple[int, str]] = set()
+    for site, entry in sorted(analysis.evaluating_entry.items(), key=lambda i: i[0].lineno):
+        function = facts.called_function(site)
+        if function is None:
+            continue
+        found = next((f for f in facts.evaluating_sites(function) if f[0] is site), None)
+        if found is None:
+            continue
+        _, param, argument = found
+        for call in facts.calls_in(function):
+            key = facts.key(call.func)
+            if key is None or key not in entry or not facts.enclosing_loops(call):
+                continue
+            modes = entry[key]
+            if not modes or any(fact.mode not in ("train", "default") for fact in modes):
+                continue
+            if (id(function), key) in reported:
+                continue
+            reported.add((id(function), key))
+            yield Hit(
+                call,
+                f"`{key}` is in training mode when the call on line {site.lineno} "
+                f"(`{param}={facts.source.segment(argument)}`) runs this loop as evaluation; "
+                f"call `eval()` on it before that call (dropout and batch-norm behave "
+                "differently)",
+                None,
+            )
 
 
 @rule(
@@ -576,20 +613,27 @@ def _loss_names(
     names: set[str] = set()
     containers: dict[str, list[ast.Subscript]] = {}
     loss_call_nodes = facts.loss_call_nodes
-    for node in facts.walk_local(scope):
-        if isinstance(node, ast.Call) and facts.method_name(node) == "backward" and not node.args:
+    for node in facts.calls_in(scope):
+        if facts.method_name(node) == "backward" and not node.args:
             receiver = facts.receiver(node)
             if isinstance(receiver, ast.Name):
                 names.add(receiver.id)
             elif isinstance(receiver, ast.Subscript) and isinstance(receiver.value, ast.Name):
                 containers.setdefault(receiver.value.id, []).append(receiver)
-        elif (
-            isinstance(node, ast.Assign)
-            and len(node.targets) == 1
-            and isinstance(node.targets[0], ast.Name)
-            and (node.value in loss_call_nodes or _returns_graph(facts, node.value, project_calls))
-        ):
-            names.add(node.targets[0].id)
+    # The scope's binding table already lists every `name = value` it holds.
+    for name, bindings in facts.assignments.get(scope, {}).items():
+        for binding in bindings:
+            node = binding.stmt
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+                and (
+                    node.value in loss_call_nodes
+                    or _returns_graph(facts, node.value, project_calls)
+                )
+            ):
+                names.add(name)
     return names, {k: v for k, v in containers.items() if k not in names}
 
 
