@@ -156,7 +156,10 @@ def eval_without_eval_mode(facts: Facts) -> Iterator[Hit]:
     path, feeding the model what it iterates or the model's own outputs (greedy decoding);
     a loader named val/test or a function named like validate/evaluate also counts. A helper
     nobody in the file calls is judged by the file's habit: where other helpers put the model
-    they are given in eval() themselves, one that does not is reported.
+    they are given in eval() themselves, one that does not is reported. A loop shared by both
+    passes, whose backward and step run only under a test of one parameter
+    (`run_epoch(..., train=False)`, `phase="val"`), is evaluation at the sites that pass the
+    value that skips them.
 
     ## Why it is wrong
     In training mode dropout keeps dropping units and batch-norm normalises with the current
