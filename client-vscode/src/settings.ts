@@ -16,6 +16,12 @@ export interface ProbeSettings {
     readonly memory: number;
     /** Interpreter for the repro; empty means "the server's interpreter". */
     readonly python: string;
+    /** The script's arguments, shell-quoted; empty: `[tool.torchls.probe]`'s. */
+    readonly args: string;
+    readonly spec: string;
+    readonly cwd: string;
+    readonly writable: readonly string[];
+    readonly network: boolean;
 }
 
 export interface ExtensionSettings {
@@ -61,7 +67,18 @@ export const DEFAULT_SETTINGS: ExtensionSettings = {
     run: "onType",
     interpreter: [],
     importStrategy: "fromEnvironment",
-    probe: { device: "auto", steps: 2, timeout: 60, memory: 4096, python: "" },
+    probe: {
+        device: "auto",
+        steps: 2,
+        timeout: 60,
+        memory: 4096,
+        python: "",
+        args: "",
+        spec: "",
+        cwd: "",
+        writable: [],
+        network: false,
+    },
 };
 
 /** Settings whose change needs a new server process; the rest reach it live. */
@@ -86,6 +103,18 @@ function positiveNumber(value: unknown, fallback: number, integer: boolean): num
         return fallback;
     }
     return integer ? Math.max(1, Math.round(value)) : value;
+}
+
+function text(value: unknown): string {
+    return typeof value === "string" ? value.trim() : "";
+}
+
+/** A list of paths: never split at spaces (a folder name may hold one). */
+function stringArray(value: unknown): string[] {
+    if (Array.isArray(value)) {
+        return value.filter((item): item is string => typeof item === "string" && item.trim().length > 0);
+    }
+    return [];
 }
 
 function runMode(value: unknown): RunMode {
@@ -117,6 +146,11 @@ export function readSettings(reader: ConfigReader): ExtensionSettings {
             timeout: positiveNumber(reader.get("probe.timeout"), defaults.probe.timeout, false),
             memory: positiveNumber(reader.get("probe.memory"), defaults.probe.memory, true),
             python: typeof probePython === "string" ? probePython.trim() : "",
+            args: text(reader.get("probe.args")),
+            spec: text(reader.get("probe.spec")),
+            cwd: text(reader.get("probe.cwd")),
+            writable: stringArray(reader.get("probe.writable")),
+            network: reader.get("probe.network") === true,
         },
     };
 }

@@ -22,6 +22,7 @@ class Request:
     file: str
     mode: str = "script"
     root: str = ""
+    cwd: str = ""  # where the script runs; empty: the root
     argv: list[str] = field(default_factory=list)
     step: str | None = None
     setup: str | None = None
@@ -57,6 +58,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "file": (str,),
     "mode": (str,),
     "root": (str,),
+    "cwd": (str,),
     "argv": (list,),
     "step": (str, type(None)),
     "setup": (str, type(None)),

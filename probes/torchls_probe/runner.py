@@ -45,6 +45,10 @@ def run(request: Request, progress: Progress, started: float | None = None) -> i
         budget = None
     # A segfault in the user's code (or an extension) leaves its Python stack in the output.
     faulthandler.enable()
+    if request.mode != "inspect":
+        from torchls_probe import terminal
+
+        terminal.attach()
     if "torch" not in sys.modules:
         prepare_environment(request.device)
     arm_alarm(started + max(0.5, request.timeout_s - _REPORT_MARGIN))
@@ -163,8 +167,8 @@ def _run_traced(
     hooks.initial_save, hooks.initial_load = request.initial_save, request.initial_load
     state.update(trace=trace, roots=roots, hooks=hooks, user=user)
     tracer = Tracer(trace, request.max_outputs)
-    if request.root:
-        os.chdir(request.root)
+    if request.cwd or request.root:
+        os.chdir(request.cwd or request.root)
     state["undo"] = hooks.install()
     if request.mode == "script":
         from torchls_probe.targets import run_script

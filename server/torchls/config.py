@@ -11,6 +11,7 @@ folder for the CLI; `config_or_defaults` is the editor's reading: defaults plus 
 from __future__ import annotations
 
 import re
+import shlex
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 KNOWN_KEYS = {"select", "ignore", "extend-select", "per-file-ignores", "exclude", "probe"}
-PROBE_KEYS = {"device", "steps", "timeout", "memory", "python"}
+PROBE_KEYS = {"device", "steps", "timeout", "memory", "python", "args", "spec", "cwd", "writable"}
 
 # The repro's defaults and device pattern, defined once: `torchls repro`, the editor's
 # `probe.*` settings and `[tool.torchls.probe]` all read them from here (this module imports
@@ -246,7 +247,48 @@ def _probe_table(raw: dict[str, Any], path: Path) -> dict[str, Any]:
             candidate = path.parent / candidate
             python = str(candidate)
         probe["python"] = python
+    if "args" in raw:
+        args = raw["args"]
+        if isinstance(args, str):
+            try:
+                probe["args"] = tuple(shlex.split(args))
+            except ValueError as error:
+                raise ConfigError(f"{where} args: {error}") from None
+        elif isinstance(args, list) and all(isinstance(a, str) for a in args):
+            probe["args"] = tuple(args)
+        else:
+            raise ConfigError(f"{where} args must be a string or a list of strings")
+    # Paths a downloaded project names must stay inside it: they decide what the sandbox
+    # shows and lets the run write.
+    for key in ("spec", "cwd"):
+        if key in raw:
+            probe[key] = str(_inside(raw[key], path, f"{where} {key}", folder=key == "cwd"))
+    if "writable" in raw:
+        folders = raw["writable"]
+        if not isinstance(folders, list) or not all(isinstance(f, str) for f in folders):
+            raise ConfigError(f"{where} writable must be a list of folders")
+        probe["writable"] = tuple(
+            str(_inside(f, path, f"{where} writable", folder=True)) for f in folders
+        )
+    if "network" in raw:
+        raise ConfigError(
+            f"{where} network: a project file cannot open the network for the code it ships; "
+            "pass --network (or the editor setting torchls.probe.network) yourself"
+        )
     return probe
+
+
+def _inside(value: Any, pyproject: Path, where: str, folder: bool) -> Path:
+    """`value` resolved against the pyproject.toml's folder, refused outside that folder."""
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{where} must be a path relative to {pyproject.name}")
+    base = pyproject.parent.resolve()
+    target = (base / Path(value).expanduser()).resolve()
+    if target != base and base not in target.parents:
+        raise ConfigError(f"{where} {value!r} is outside the project ({base})")
+    if folder and not target.is_dir():
+        raise ConfigError(f"{where} {value!r} is not a folder")
+    return target
 
 
 def load_config_file(path: str | Path) -> ProjectConfig:
@@ -281,7 +323,7 @@ def load_config_file(path: str | Path) -> ProjectConfig:
     probe = table.get("probe", {})
     if not isinstance(probe, dict):
         raise ConfigError(f"{path}: [tool.torchls] probe must be a table")
-    unknown_probe = sorted(set(probe) - PROBE_KEYS)
+    unknown_probe = sorted(set(probe) - PROBE_KEYS - {"network"})
     if unknown_probe:
         raise ConfigError(f"{path}: unknown key {unknown_probe[0]!r} in [tool.torchls.probe]")
     probe = _probe_table(probe, path)

@@ -30,10 +30,20 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "findings, 1 findings, 2 usage error or the repro could not run.",
     )
     repro.add_argument("file", metavar="FILE", help="the training script")
-    # One quoted string: argparse cannot pass `-- ARGS` through a subcommand.
+    # One quoted string: argparse cannot pass `-- ARGS` through a subcommand. A value that
+    # starts with a dash (`--args '--fast'`) is joined to the flag before argparse sees it.
     repro.add_argument(
-        "--args", default="", metavar="'ARGS'", help="arguments for the script, e.g. '--lr 0.1'"
+        "--args",
+        default=None,
+        metavar="'ARGS'",
+        help="arguments for the script, e.g. '--lr 0.1' (default: [tool.torchls.probe] args)",
     )
+    parse = repro.parse_known_args
+
+    def parse_known_args(args=None, namespace=None):  # type: ignore[no-untyped-def]
+        return parse(join_dashed_values(args), namespace)
+
+    repro.parse_known_args = parse_known_args  # type: ignore[method-assign]
     repro.add_argument("--device", help=f"{DEVICE_CHOICES} (default auto)")
     repro.add_argument(
         "--steps", type=int, help=f"optimizer steps before stopping (default {DEFAULT_STEPS})"
@@ -56,6 +66,29 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     repro.add_argument("--seed", type=int, help="seed for every RNG (default 0)")
     repro.add_argument(
         "--root", help="project root: lines under it are yours (default: FILE's folder)"
+    )
+    repro.add_argument(
+        "--cwd",
+        help="the folder the script runs from (default: where you launched torchls); seen "
+        "through the project's copy",
+    )
+    repro.add_argument(
+        "--writable",
+        action="append",
+        default=[],
+        metavar="FOLDER",
+        help="also let the run write in FOLDER, seen through a copy (nothing reaches FOLDER); "
+        "repeatable",
+    )
+    repro.add_argument(
+        "--keep-outputs",
+        metavar="DIR",
+        help="copy the files the run wrote (listed in the report) into DIR afterwards",
+    )
+    repro.add_argument(
+        "--network",
+        action="store_true",
+        help="let the run reach the network (off by default; never for code you do not trust)",
     )
     repro.add_argument(
         "--sandbox",
@@ -100,7 +133,11 @@ def run(args: argparse.Namespace) -> int:
         allow_fallback=args.allow_fallback,
         seed=args.seed,
         root=args.root,
-        argv=tuple(shlex.split(args.args)),
+        argv=tuple(shlex.split(args.args)) if args.args is not None else (),
+        cwd=args.cwd,
+        writable=tuple(args.writable),
+        network=args.network,
+        keep_outputs=args.keep_outputs,
         sandbox=args.sandbox,
         command=" ".join(["torchls", *sys.argv[1:]]) if sys.argv[1:2] == ["repro"] else None,
     )
@@ -110,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, OSError) as error:
         print(f"torchls: error: {error}", file=sys.stderr)
         return EXIT_ERROR
+    options = _launch_folder(options)
     if args.compare:
         return _compare(args, options)
     progress = _progress if args.output_format == "text" and sys.stderr.isatty() else None
@@ -138,6 +176,42 @@ def run(args: argparse.Namespace) -> int:
     # Information (a warning Python printed, advice) never fails a CI gate.
     serious = [f for f in report.findings if f.severity in ("error", "warning")]
     return EXIT_FINDINGS if serious else EXIT_CLEAN
+
+
+def join_dashed_values(args: list[str] | None) -> list[str] | None:
+    """`--args --fast` as `--args=--fast`: argparse would take `--fast` for a flag of ours."""
+    if args is None:
+        return None
+    joined: list[str] = []
+    pending = False
+    for token in args:
+        if pending:
+            joined[-1] = f"--args={token}"
+            pending = False
+            continue
+        joined.append(token)
+        pending = token == "--args"
+    return joined
+
+
+def _launch_folder(options: object) -> object:
+    """The script runs from where torchls was launched, unless --cwd or [tool.torchls.probe]
+    say otherwise; a launch folder the sandbox cannot show (a home folder) gives the root."""
+    import os
+    from dataclasses import replace
+    from pathlib import Path
+
+    from torchls.probe.prepare import unfit_folder
+
+    if getattr(options, "cwd", None) is not None:
+        return options
+    here = Path(os.getcwd())
+    problem = unfit_folder(here)
+    if problem is not None:
+        note = f"torchls: note: running from the project root, not {here}: {problem}"
+        print(note, file=sys.stderr)
+        return options
+    return replace(options, cwd=str(here))  # type: ignore[type-var]
 
 
 def _write_report(path: str, page: str) -> bool:

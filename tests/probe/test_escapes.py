@@ -100,8 +100,12 @@ def test_symlinks_out_of_the_scratch_folder_reach_nothing(repro, project, outsid
     report, path = repro(SYMLINKS, argv=tuple(str(t) for t in targets))
     assert report.status == "ok", output_of(report)
     output = output_of(report)
-    for visible in (target_file, outside, project / "train.py", Path("/etc/hostname")):
+    for visible in (target_file, outside, Path("/etc/hostname")):
         assert f"REFUSED {visible} " in output, output  # read-only inside the sandbox
+    # The project is seen through a copy: the link's write lands there, listed, never real.
+    assert f"WROTE {project / 'train.py'}" in output
+    written = [item["path"] for item in report.data["written"]["files"]]
+    assert str(project / "train.py") in written
     # The host's /tmp is out of sight: that write lands on the sandbox's own empty /tmp.
     assert target_file.read_text() == "original"
     assert keep.read_text() == "keep" and not (outside / "planted.txt").exists()

@@ -49,7 +49,10 @@ def test_writes_outside_the_scratch_folder_do_not_reach_the_host(repro, project,
     for target in (inside_project, host_tmp, elsewhere):
         assert not target.exists(), target
     output = report.data["output"]["head"]
-    assert f"REFUSED {inside_project}" in output  # read-only view of the project
+    # The project is seen through a copy: the write succeeds there and is listed, never real.
+    assert f"WROTE {inside_project}" in output
+    written = report.data["written"]["files"]
+    assert {"path": str(inside_project), "bytes": len("escaped"), "kind": "file"} in written
     assert path.read_text() == cases.WRITES  # the user's file is untouched
 
 
@@ -123,7 +126,7 @@ def test_layer_wording_is_a_function_of_the_decisions_alone():
     limits = limits_for(4096, 60.0, 256, 256, "cpu")
     layers = {layer.name: layer for layer in describe_layers(_decisions(), limits)}
     assert describe_layers(_decisions(), limits) == list(layers.values())
-    assert list(layers)[-3:] == ["processes", "environment", "kernel_objects"]
+    assert list(layers)[-4:] == ["processes", "environment", "kernel_objects", "project"]
     assert layers["network"].held and "unshare(2)" in layers["network"].detail
     assert not layers["filesystem"].held
     assert layers["processes"].detail == "RLIMIT_NPROC 263 (this user's 7 processes + 256)"
@@ -133,7 +136,7 @@ def test_layer_wording_is_a_function_of_the_decisions_alone():
     }
     assert not root["processes"].held and "root is exempt" in root["processes"].detail
     unfiltered = describe_layers(_decisions(seccomp=False), limits)
-    assert not unfiltered[-1].held and unfiltered[-1].name == "kernel_objects"
+    assert not unfiltered[-2].held and unfiltered[-2].name == "kernel_objects"
 
 
 def test_a_plan_reports_the_layers_its_decisions_describe(tmp_path):

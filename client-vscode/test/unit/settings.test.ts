@@ -31,6 +31,10 @@ describe("readSettings", () => {
                 "probe.timeout": 12.5,
                 "probe.memory": 2048,
                 "probe.python": "/torch/bin/python",
+                "probe.args": " --epochs 1 --fast ",
+                "probe.cwd": "data",
+                "probe.writable": ["runs", 3, ""],
+                "probe.network": "yes",
             }),
         );
         expect(settings).toEqual({
@@ -40,7 +44,19 @@ describe("readSettings", () => {
             run: "onSave",
             interpreter: ["/venv/bin/python", "-X", "utf8"],
             importStrategy: "useBundled",
-            probe: { device: "cuda:1", steps: 3, timeout: 12.5, memory: 2048, python: "/torch/bin/python" },
+            probe: {
+                device: "cuda:1",
+                steps: 3,
+                timeout: 12.5,
+                memory: 2048,
+                python: "/torch/bin/python",
+                args: "--epochs 1 --fast",
+                spec: "",
+                cwd: "data",
+                writable: ["runs"],
+                // Only `true` opens the network: a string of the wrong type must not.
+                network: false,
+            },
         });
     });
 

@@ -62,7 +62,7 @@ from torchls.lsp.repro_lookup import Region, repro_regions
 from torchls.lsp.repro_progress import ReproProgress
 from torchls.lsp.repro_state import ReproResult, build_result, read_baseline, real_path
 from torchls.lsp.server import Snapshot, TorchLanguageServer
-from torchls.lsp.settings import ProbeSettings
+from torchls.lsp.settings import ProbeSettings, script_arguments
 from torchls.probe import leftovers, untrusted
 
 if TYPE_CHECKING:
@@ -78,16 +78,24 @@ ACTION_TITLE = "Run bounded repro"
 
 @dataclass(frozen=True)
 class RunRequest:
+    """`torchls.runRepro`'s argument: what the CLI's flags say, for one run (None: the
+    settings', else `[tool.torchls.probe]`'s value)."""
+
     uri: str
     device: str | None = None
     steps: int | None = None
+    args: tuple[str, ...] | None = None
+    spec: str | None = None
+    cwd: str | None = None
+    writable: tuple[str, ...] | None = None
 
 
 def parse_run_arguments(arguments: tuple[Any, ...]) -> RunRequest:
     """The one argument of `torchls.runRepro`, checked (an invalid one is the caller's bug)."""
     if len(arguments) != 1 or not isinstance(arguments[0], Mapping):
         raise JsonRpcInvalidParams(
-            f'{RUN_REPRO} takes one argument: {{"uri", "device"?, "steps"?}}'
+            f'{RUN_REPRO} takes one argument: {{"uri", "device"?, "steps"?, "args"?, '
+            '"spec"?, "cwd"?, "writable"?}}'
         )
     argument = arguments[0]
     uri, device, steps = argument.get("uri"), argument.get("device"), argument.get("steps")
@@ -97,7 +105,22 @@ def parse_run_arguments(arguments: tuple[Any, ...]) -> RunRequest:
         raise JsonRpcInvalidParams(f"{RUN_REPRO}: `device` must be a string such as 'cpu'")
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
         raise JsonRpcInvalidParams(f"{RUN_REPRO}: `steps` must be a positive integer")
-    return RunRequest(uri, device, steps)
+    args = argument.get("args")
+    if args is not None:
+        parsed = script_arguments(args)
+        if parsed is None:
+            raise JsonRpcInvalidParams(f"{RUN_REPRO}: `args` must be a string or strings")
+        args = parsed
+    for key in ("spec", "cwd"):
+        value = argument.get(key)
+        if value is not None and (not isinstance(value, str) or not value):
+            raise JsonRpcInvalidParams(f"{RUN_REPRO}: `{key}` must be a path")
+    writable = argument.get("writable")
+    if writable is not None:
+        if not isinstance(writable, list) or not all(isinstance(w, str) for w in writable):
+            raise JsonRpcInvalidParams(f"{RUN_REPRO}: `writable` must be a list of folders")
+        writable = tuple(writable)
+    return RunRequest(uri, device, steps, args, argument.get("spec"), argument.get("cwd"), writable)
 
 
 def choose_python(setting: str | None, root: Path, project: str | None = None) -> tuple[str, str]:
@@ -121,6 +144,7 @@ def probe_options(
     probe: ProbeSettings,
     device: str | None = None,
     steps: int | None = None,
+    request: RunRequest | None = None,
 ) -> tuple[ReproOptions, str, str]:
     """(options, interpreter, why it was chosen) for a run of `path` from the editor: the
     editor's repro and the workflows (compare, inspect) share this one reading. Reads the
@@ -133,17 +157,35 @@ def probe_options(
     # file fills the rest (a broken file was already reported as a warning).
     project = config_or_defaults(path)[0].probe
     python, source = choose_python(probe.python, root, project.get("python"))
+    request = request or RunRequest("")
+
+    def relative(value: str | None) -> str | None:
+        # Paths in a command argument or a setting are the workspace's (the CLI's: the shell's).
+        return str(root / Path(value).expanduser()) if value else None
+
+    args = request.args if request.args is not None else probe.args
+    writable = request.writable if request.writable is not None else probe.writable
     options = with_project(
         ReproOptions(
-            device=device or probe.device,
-            steps=steps or probe.steps,
+            device=device or request.device or probe.device,
+            steps=steps or request.steps or probe.steps,
             timeout_s=probe.timeout,
             memory_mb=probe.memory,
             python=python,
             root=str(root),
+            argv=args or (),
+            spec=relative(request.spec or probe.spec),
+            cwd=relative(request.cwd or probe.cwd),
+            writable=tuple(str(relative(w)) for w in writable or ()),
+            network=bool(probe.network),
         ),
         project,
     )
+    if options.cwd is None:
+        # The editor launches from the workspace: that is where relative paths are read.
+        from dataclasses import replace
+
+        options = replace(options, cwd=str(root))
     return options, python, source
 
 
@@ -375,9 +417,7 @@ class ReproController:
             try:
                 from torchls.probe import ReproCancelled, ReproUsageError
 
-                options, python, source = probe_options(
-                    path, root, probe, request.device, request.steps
-                )
+                options, python, source = probe_options(path, root, probe, request=request)
                 baseline = read_baseline(path)
                 try:
                     report = self.session().run(

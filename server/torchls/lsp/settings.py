@@ -6,7 +6,9 @@ nested under `"torchls"`), `workspace/configuration` answers for section `torchl
 
 The repro's settings live under `probe` (`{"probe": {"steps": 2}}`, or the dotted keys some
 clients send flat: `{"probe.steps": 2}`): `device`, `steps`, `timeout` (seconds), `memory` (MB)
-and `python` (the interpreter that has the user's torch; empty means "not set").
+`python` (the interpreter that has the user's torch; empty means "not set"), `args` (the
+script's arguments: a shell-quoted string or a list), `spec`, `cwd` and `writable` (paths
+relative to the workspace) and `network` (the one setting no project file can give).
 
 Layers, later wins key by key: defaults < initializationOptions < workspace/configuration (the
 live value the editor holds). A `null` or missing key leaves the lower layer in force. Values of
@@ -35,6 +37,11 @@ class ProbeSettings:
     timeout: float | None = None
     memory: int | None = None
     python: str | None = None
+    args: tuple[str, ...] | None = None  # the script's arguments
+    spec: str | None = None  # a repro spec (relative to the workspace)
+    cwd: str | None = None  # where the script runs (relative to the workspace)
+    writable: tuple[str, ...] | None = None  # more folders the run may write, through a copy
+    network: bool | None = None  # the run may reach the network (trusted workspaces only)
 
 
 @dataclass(frozen=True)
@@ -134,7 +141,44 @@ def _apply_probe(base: ProbeSettings, raw: Mapping[str, Any]) -> tuple[ProbeSett
         elif python.strip():
             changes["python"] = python.strip()
         # An empty string is what clients send for "not set": the lower layer stays.
+    if (args := raw.get("args")) is not None:
+        parsed = script_arguments(args)
+        if parsed is None:
+            problems.append("torchls.probe.args must be a string or a list of strings")
+        elif parsed or args == []:
+            changes["args"] = parsed
+    for key in ("spec", "cwd"):
+        if (value := raw.get(key)) is None:
+            continue
+        if not isinstance(value, str):
+            problems.append(f"torchls.probe.{key} must be a path")
+        elif value.strip():
+            changes[key] = value.strip()
+    if (writable := raw.get("writable")) is not None:
+        if isinstance(writable, list) and all(isinstance(w, str) for w in writable):
+            changes["writable"] = tuple(w for w in writable if w.strip())
+        else:
+            problems.append("torchls.probe.writable must be a list of folders")
+    if (network := raw.get("network")) is not None:
+        if isinstance(network, bool):
+            changes["network"] = network
+        else:
+            problems.append("torchls.probe.network must be true or false")
     return replace(base, **changes), problems
+
+
+def script_arguments(value: Any) -> tuple[str, ...] | None:
+    """Script arguments as a shell-quoted string or a list of strings; None when invalid."""
+    import shlex
+
+    if isinstance(value, str):
+        try:
+            return tuple(shlex.split(value))
+        except ValueError:
+            return None
+    if isinstance(value, list | tuple) and all(isinstance(item, str) for item in value):
+        return tuple(value)
+    return None
 
 
 def unwrap_section(raw: Any) -> Any:

@@ -54,6 +54,14 @@ class ReproOptions:
     deterministic: bool | None = None
     root: str | None = None
     argv: tuple[str, ...] = ()
+    # Where the script runs (None: the project root); seen through the project's copy.
+    cwd: str | None = None
+    # More folders the run may write, seen through a copy like the project (`--writable`).
+    writable: tuple[str, ...] = ()
+    # The run may reach the network (`--network`; never from a project file).
+    network: bool = False
+    # Copy what the run wrote into this folder afterwards (`--keep-outputs`).
+    keep_outputs: str | None = None
     # "auto": bubblewrap when it works here; "bwrap": require it; "none": rlimits and friends only.
     sandbox: str = "auto"
     output_cap_bytes: int = 1 << 20
@@ -129,6 +137,10 @@ PROJECT_FIELDS = {
     "timeout": "timeout_s",
     "memory": "memory_mb",
     "python": "python",
+    "args": "argv",
+    "spec": "spec",
+    "cwd": "cwd",
+    "writable": "writable",
 }
 
 
@@ -139,6 +151,6 @@ def with_project(options: ReproOptions, probe: Mapping[str, Any]) -> ReproOption
     given = {
         field: probe[key]
         for key, field in PROJECT_FIELDS.items()
-        if key in probe and getattr(options, field) is None
+        if key in probe and getattr(options, field) in (None, ())
     }
     return replace(options, **given) if given else options

@@ -31,6 +31,18 @@ class Prepared:
     spec: ReproSpec | None
     read_paths: tuple[Path, ...]
     command: str
+    cwd: Path = Path("/")
+    writable: tuple[Path, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def copied(self) -> list[Path]:
+        """The folders seen through a copy: the root, the cwd and the writable folders, those
+        that may be (a project that is a home folder stays read-only, exposed as before)."""
+        from torchls.probe.view import view_folders
+
+        fit = [f for f in (self.root, self.cwd, *self.writable) if unfit_folder(f) is None]
+        return view_folders(fit[0], fit[0], tuple(fit)) if fit else []
 
     def request(self, report: Path | None, output: Path | None) -> dict[str, Any]:
         """The probe's JSON request for one run writing its report and output to these files
@@ -42,6 +54,7 @@ class Prepared:
             "file": str(self.file),
             "mode": "function" if spec is not None else "script",
             "root": str(self.root),
+            "cwd": str(self.cwd),
             "argv": list(r.options.argv),
             "step": spec.step if spec else None,
             "setup": spec.setup if spec else None,
@@ -79,6 +92,21 @@ def prepare(path: str | Path, options: ReproOptions | None) -> Prepared:
     if not root.is_dir():
         raise ReproUsageError(f"project root is not a folder: {root}")
     python = find_python(options.python, root)
+    notes: list[str] = []
+    cwd = Path(options.cwd).expanduser().absolute() if options.cwd else root
+    problem = unfit_folder(cwd)
+    if problem is not None and options.cwd:
+        raise ReproUsageError(f"--cwd {options.cwd}: {problem}")
+    if problem is not None and cwd != root:
+        notes.append(f"ran from the project root {root}, not {cwd}: {problem}")
+        cwd = root
+    writable = []
+    for folder in options.writable:
+        path = Path(folder).expanduser().absolute()
+        problem = unfit_folder(path)
+        if problem is not None:
+            raise ReproUsageError(f"--writable {folder}: {problem}")
+        writable.append(path)
     reads = [file.parent, root]
     if spec is not None:
         reads.append(spec.path.absolute().parent)
@@ -89,7 +117,39 @@ def prepare(path: str | Path, options: ReproOptions | None) -> Prepared:
                 _confine(spec.path, key, reference or "", target, root)
                 reads.append(target.absolute().parent)
     command = options.command or _command(file, options)
-    return Prepared(file, root, python, probe_package(), resolved, spec, tuple(reads), command)
+    return Prepared(
+        file,
+        root,
+        python,
+        probe_package(),
+        resolved,
+        spec,
+        tuple(reads),
+        command,
+        cwd,
+        tuple(writable),
+        tuple(notes),
+    )
+
+
+def unfit_folder(path: Path) -> str | None:
+    """Why `path` cannot be a folder the run works in (seen through a copy), or None: it must
+    be an existing folder that is neither `/`, a system folder, nor a home folder or above one
+    (copying a home would expose its keys to the run)."""
+    from torchls.probe.sandbox import SYSTEM_DIRS, home_dirs
+
+    if not path.is_dir():
+        return "not a folder"
+    real = Path(os.path.realpath(path))
+    if real == Path("/") or str(real) in SYSTEM_DIRS:
+        return "a system folder cannot be seen through a copy"
+    for home in home_dirs():
+        if real == home or home.is_relative_to(real):
+            return (
+                f"it is (or holds) the home folder {home}, which the sandbox hides; "
+                "run from the project folder or pass --cwd"
+            )
+    return None
 
 
 def _confine(spec: Path, key: str, reference: str, target: Path, root: Path) -> None:

@@ -27,12 +27,13 @@ from torchls.probe.cgroup import PidsCgroup
 from torchls.probe.scratch import read_tail
 
 POLL_S = 0.05
+WATCH_S = 1.0
 
 
 @dataclass(frozen=True)
 class Ended:
     returncode: int | None
-    killed_for: str | None  # None, "deadline" or "cancel"
+    killed_for: str | None  # None, "deadline", "cancel" or what a watch returned ("disk")
     wall_s: float
     stderr: str
 
@@ -48,8 +49,11 @@ def supervise(
     on_message: Callable[[dict[str, Any]], None],
     stderr_path: Path,
     cgroup: PidsCgroup | None = None,
+    watch: Callable[[], str | None] | None = None,
 ) -> Ended:
+    """`watch`, called about every WATCH_S, returns a reason to kill the run (`killed_for`)."""
     started = time.monotonic()
+    next_watch = started + WATCH_S
     with open(stderr_path, "wb") as stderr:
         child = subprocess.Popen(
             argv,
@@ -75,6 +79,12 @@ def supervise(
             if time.monotonic() >= deadline:
                 killed_for = "deadline"
                 break
+            if watch is not None and time.monotonic() >= next_watch:
+                reason = watch()
+                if reason is not None:
+                    killed_for = reason
+                    break
+                next_watch = time.monotonic() + WATCH_S
             if open_stream:
                 for _key, _mask in selector.select(POLL_S):
                     chunk = os.read(child.stdout.fileno(), 65536)

@@ -19,13 +19,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from torchls.probe import untrusted
+from torchls.probe import causes, untrusted
 from torchls.probe.options import ReproOptions
 from torchls.probe.prepare import Prepared, prepare
 from torchls.probe.process import Ended, supervise
 from torchls.probe.report import ReproReport, load_probe_report, synthesize
 from torchls.probe.sandbox import Layer, limits_for, plan
 from torchls.probe.scratch import RunFolder, Unreadable, open_regular, read_head_tail
+from torchls.probe.view import ProjectView
 
 # Beyond the probe's own alarm: time to write a partial report before the hard kill.
 KILL_GRACE_S = 3.0
@@ -112,6 +113,10 @@ def _run_in(
         request["initial_load"] = str(staged)
     if extras.seed is not None:
         request["seed"] = extras.seed
+    project = open_view(prepared, folder.root / "view")
+    if project.linked:
+        # No mount namespace: the run starts in the copy of its folder instead.
+        request["cwd"] = str(project.copy_of(prepared.cwd))
     folder.seal(request)
     launch = plan(
         python=prepared.python,
@@ -123,6 +128,8 @@ def _run_in(
         mode=r.options.sandbox,
         extra_env=r.options.pass_env,
         outputs=outputs,
+        project=project,
+        network=r.options.network,
     )
     try:
         argv = [
@@ -139,13 +146,14 @@ def _run_in(
         ended = supervise(
             argv,
             env=launch.env,
-            cwd=prepared.root,
+            cwd=project.copy_of(prepared.cwd) if project.linked else prepared.root,
             preexec=launch.preexec,
             deadline=started + r.timeout_s + KILL_GRACE_S,
             cancel=cancel_event,
             on_message=lambda message: forward_progress(message, on_progress),
             stderr_path=folder.stderr,
             cgroup=launch.cgroup,
+            watch=disk_watch(project, limits.file_size_mb),
         )
         if ended.killed_for == "cancel":
             raise ReproCancelled("the repro was cancelled")
@@ -155,6 +163,7 @@ def _run_in(
         layers = [*launch.layers, wall_clock_layer(r.timeout_s)]
         left = collect(folder)
         report = finish(prepared, request, left, ended, layers, launch.warnings, "cold")
+        record_writes(report, prepared, project)
         if extras.rewrite_to is not None:
             _copy_rewritten(report, folder.rewrite, extras.rewrite_to)
         if extras.save_initial_to is not None:
@@ -259,6 +268,56 @@ def wall_clock_layer(timeout_s: float) -> Layer:
     return Layer("wall_clock", True, f"killed {KILL_GRACE_S:g} s after the {timeout_s:g} s limit")
 
 
+def open_view(prepared: Prepared, base: Path) -> ProjectView:
+    """The run's copy of the project root, its folder and the extra writable folders."""
+    from torchls.probe.sandbox import bwrap_works
+
+    options = prepared.resolved.options
+    linked = options.sandbox == "none" or not bwrap_works()[0]
+    return ProjectView.create(prepared.copied, base, linked=linked)
+
+
+def disk_watch(project: ProjectView, budget_mb: int) -> Callable[[], str | None]:
+    """A check the supervisor runs every second: the copies may grow by the file-size limit
+    (what a private tmpfs of the sandbox holds), no more; they are on the host's disk."""
+    start = project.usage(1 << 62)
+    limit = start + (max(budget_mb, 1) << 20)
+
+    def check() -> str | None:
+        return "disk" if project.usage(limit) > limit else None
+
+    return check
+
+
+def record_writes(report: ReproReport, prepared: Prepared, project: ProjectView) -> None:
+    """The files the run wrote into the project's copy (`written`), kept if asked, and the
+    sandbox's part in a failure (`causes.explain`)."""
+    changes = project.changes()
+    written: dict[str, Any] = {
+        "folders": [str(s.original) for s in project.sources],
+        "files": [item.to_json() for item in changes.written],
+        "removed": changes.removed,
+        "bytes": changes.total_bytes,
+        "truncated": changes.truncated,
+        "kept_in": None,
+        "left_out": {
+            str(s.original / relative): why
+            for s in project.sources
+            for relative, why in list(s.excluded.items())[:50]
+        },
+    }
+    keep = prepared.resolved.options.keep_outputs
+    if keep and changes.written:
+        target = Path(keep).expanduser().absolute()
+        problems = project.keep(changes, target)
+        written["kept_in"] = str(target)
+        if problems:
+            written["keep_problems"] = problems[:20]
+    report.data["written"] = written
+    report.data.setdefault("notes", []).extend(prepared.notes)
+    causes.explain(report, prepared, project)
+
+
 def finish(
     prepared: Prepared,
     request: dict[str, Any],
@@ -302,6 +361,16 @@ def _without_report(
 ) -> dict[str, Any]:
     file = str(prepared.file)
     timeout = request["timeout_s"]
+    if ended.killed_for == "disk":
+        return synthesize(
+            status="error",
+            file=file,
+            code="TL906",
+            stopped_by="disk",
+            message="stopped: the run wrote more into the project's copy than the file-size "
+            f"limit of {prepared.resolved.options.file_size_mb} MB allows in all",
+            request=request,
+        )
     if ended.killed_for == "deadline":
         return synthesize(
             status="timeout",

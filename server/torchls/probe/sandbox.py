@@ -39,7 +39,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib.machinery import all_suffixes
 from pathlib import Path
@@ -47,6 +47,7 @@ from pathlib import Path
 from torchls.probe import seccomp
 from torchls.probe.cgroup import PidsCgroup
 from torchls.probe.options import DEFAULT_MEMORY_MB, ReproUsageError
+from torchls.probe.view import ProjectView
 
 try:
     import resource
@@ -119,6 +120,16 @@ PASS_THROUGH = (
     "PYTORCH_ENABLE_MPS_FALLBACK",
     "TORCH_HOME",
 )
+# Model and dataset caches bound read-only when they exist: (environment variable naming the
+# folder, its default under the home or XDG_CACHE_HOME). The child's HOME is its scratch, so
+# the variable is set to the real folder for the libraries to find it.
+CACHE_FOLDERS = (
+    ("TORCH_HOME", "torch"),
+    ("HF_HOME", "huggingface"),
+)
+CACHE_EXTRA = ("HF_DATASETS_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE", "HF_HUB_CACHE")
+# Credentials that live inside a cache folder: hidden behind /dev/null even there.
+CACHE_SECRETS = ("token", "stored_tokens", ".credentials")
 
 
 @dataclass(frozen=True)
@@ -178,6 +189,8 @@ class View:
     sized: bool  # the scratch, /tmp and /var/tmp have a size limit
     no_userns: bool = False  # no user namespace can be created inside
     shm_mb: int = 0  # the size of /dev/shm (0: unbounded)
+    caches: tuple[Path, ...] = ()  # model and dataset caches bound read-only
+    network: bool = False  # the network namespace is shared (--network)
 
 
 def platform_problem() -> str | None:
@@ -307,6 +320,8 @@ class Decisions:
     outputs: bool  # report and output files bound one by one (a cold run)
     results: bool  # a warm worker's results tmpfs
     own_namespaces: bool
+    copied: tuple[str, ...] = ()  # folders seen through a copy
+    network: bool = False  # --network: the run may reach the network
 
 
 def plan(
@@ -322,6 +337,8 @@ def plan(
     outputs: tuple[Path, ...] = (),
     results: Path | None = None,
     own_namespaces: bool = False,
+    project: ProjectView | None = None,
+    network: bool = False,
 ) -> Launch:
     """How to start the child under every layer available here (`mode`: auto|bwrap|none).
 
@@ -336,6 +353,12 @@ def plan(
     `describe_layers` turns the `Decisions` into text, and the warm worker reuses its parts."""
     ensure_supported()
     env, refused = child_environment(python, probe_dir, scratch, extra_env)
+    caches = cache_paths(os.environ)
+    for name, folder in cache_environment(caches).items():
+        env.setdefault(name, str(folder))
+    if not network:
+        # Hugging Face libraries would retry the network for every file: say it is off.
+        env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     usable, detail = bwrap_works() if mode != "none" else (False, "disabled by request")
     if mode == "bwrap" and not usable:
         raise ReproUsageError(f"--sandbox bwrap: bubblewrap is not usable here: {detail}")
@@ -357,6 +380,9 @@ def plan(
             shm_mb=limits.dev_shm_mb,
             env=env,
             no_userns=not own_namespaces,
+            project=project,
+            caches=caches,
+            network=network,
         )
     # RLIMIT_NPROC counts every process of the user, so the limit is "those + max_processes";
     # root is exempt from it, and where the count is unknown no limit is claimed (nor set).
@@ -366,7 +392,7 @@ def plan(
         bwrap=usable,
         bwrap_detail=detail,
         view=view,
-        unshare_net=not usable and _can_unshare_net(),
+        unshare_net=not usable and not network and _can_unshare_net(),
         refused=tuple(refused),
         root=root,
         pids_cgroup=cgroup is not None,
@@ -376,6 +402,8 @@ def plan(
         outputs=bool(outputs),
         results=results is not None,
         own_namespaces=own_namespaces,
+        copied=tuple(str(s.original) for s in project.sources) if project else (),
+        network=network,
     )
     warnings = [
         f"environment variable {name} not passed: it looks like a secret" for name in refused
@@ -411,6 +439,7 @@ def describe_layers(decisions: Decisions, limits: Limits) -> list[Layer]:
     secrets = f"; refused: {', '.join(decisions.refused)}" if decisions.refused else ""
     layers.append(Layer("environment", True, f"minimal environment, no secrets{secrets}"))
     layers.append(_seccomp_layer(decisions.seccomp))
+    layers.append(_project_layer(decisions, confined=decisions.view is not None))
     return layers
 
 
@@ -428,14 +457,21 @@ def limit_layers(limits: Limits) -> list[Layer]:
 
 def _bwrap_layers(decisions: Decisions, view: View, limits: Limits) -> list[Layer]:
     writable = ", ".join(["the scratch folder", *view.private])
+    caches = (
+        "; model and dataset caches read-only: " + ", ".join(map(str, view.caches))
+        if view.caches
+        else ""
+    )
     return [
         Layer("bubblewrap", True, decisions.bwrap_detail),
-        Layer("network", True, "no network: private network namespace (bwrap --unshare-net)"),
+        _network_layer(decisions),
         Layer(
             "filesystem",
             True,
             f"read-only view of /; /run and /dev read-only; writable: {writable} (private "
-            "to the run)" + (", and the report and output files" if decisions.outputs else ""),
+            "to the run)"
+            + (", and the report and output files" if decisions.outputs else "")
+            + caches,
         ),
         _home_layer(view),
         _disk_layer(view, limits, decisions.outputs, decisions.results, decisions.own_namespaces),
@@ -452,13 +488,7 @@ def _bwrap_layers(decisions: Decisions, view: View, limits: Limits) -> list[Laye
 def _unconfined_layers(decisions: Decisions, limits: Limits) -> list[Layer]:
     return [
         Layer("bubblewrap", False, decisions.bwrap_detail),
-        Layer(
-            "network",
-            decisions.unshare_net,
-            "private network namespace via unshare(2)"
-            if decisions.unshare_net
-            else "NOT isolated: unshare(CLONE_NEWNET) is not permitted here",
-        ),
+        _network_layer(decisions),
         Layer(
             "filesystem",
             False,
@@ -490,6 +520,35 @@ def _unconfined_layers(decisions: Decisions, limits: Limits) -> list[Layer]:
             "NOT isolated: a descendant that calls setsid() can outlive a kill",
         ),
     ]
+
+
+def _network_layer(decisions: Decisions) -> Layer:
+    if decisions.network:
+        return Layer("network", False, "allowed by request (--network): the run can reach it")
+    if decisions.bwrap:
+        return Layer("network", True, "no network: private network namespace (bwrap --unshare-net)")
+    if decisions.unshare_net:
+        return Layer("network", True, "private network namespace via unshare(2)")
+    return Layer("network", False, "NOT isolated: unshare(CLONE_NEWNET) is not permitted here")
+
+
+def _project_layer(decisions: Decisions, confined: bool) -> Layer:
+    folders = ", ".join(decisions.copied)
+    if not folders:
+        return Layer("project", True, "the project is read-only (no folder seen through a copy)")
+    if confined:
+        return Layer(
+            "project",
+            True,
+            f"{folders} seen through a copy: the run writes there as usual, nothing reaches "
+            "your files; what it wrote is listed (--keep-outputs DIR copies it out)",
+        )
+    return Layer(
+        "project",
+        False,
+        f"{folders} copied and the run started in the copy: relative writes stay there, but a "
+        "write by absolute path (or through a left-out folder, linked) reaches your files",
+    )
 
 
 def _processes_layer(decisions: Decisions, limits: Limits) -> Layer:
@@ -648,6 +707,9 @@ def bwrap_prefix(
     shm_mb: int = 0,
     env: dict[str, str] | None = None,
     no_userns: bool = False,
+    project: ProjectView | None = None,
+    caches: tuple[Path, ...] = (),
+    network: bool = False,
 ) -> tuple[list[str], View]:
     """The bubblewrap command line, and what it hides and exposes.
 
@@ -661,6 +723,8 @@ def bwrap_prefix(
     shm = ["--perms", "1777", "--size", str(shm_mb << 20)] if shm_mb else []
     no_userns = no_userns and bwrap_disables_userns()
     args = [bwrap, *_BWRAP_BASE]
+    if network:
+        args.append("--share-net")
     if no_userns:
         args += ["--unshare-user", "--disable-userns"]
     args += ["--ro-bind", "/", "/", "--dev", "/dev"]
@@ -672,14 +736,16 @@ def bwrap_prefix(
     private = [d for d in PRIVATE_DIRS if os.path.isdir(d) and not os.path.islink(d)]
     empty = [d for d in EMPTY_DIRS if os.path.isdir(d) and not os.path.islink(d)]
     hidden = [*map(Path, private), *map(Path, empty), *homes]
+    # What the project view covers is mounted from its copy, not bound back read-only.
+    covered = project.covers if project is not None else (lambda _path: False)
     needed = [
         *interpreter_paths(python),
         *site_paths(python),
         *environment_paths(env or {}),
-        cwd,
-        *read_paths,
+        *(p for p in (cwd, *read_paths) if not covered(Path(os.path.abspath(p)))),
     ]
-    kept = keep_paths(needed, hidden)
+    sources = {s.original for s in project.sources} if project is not None else set()
+    kept = [p for p in keep_paths(needed, hidden) if p not in sources]
     mounts: list[tuple[Path, int, list[str]]] = []
     for folder in private:
         mounts.append((Path(folder), 0, [*shared, "--tmpfs", folder]))
@@ -695,6 +761,15 @@ def bwrap_prefix(
         mounts.append((results, 2, [*twice, "--tmpfs", str(results)]))
     for file in outputs:
         mounts.append((file, 3, ["--bind", str(file), str(file)]))
+    if project is not None:
+        mounts += project.bwrap_mounts()
+    for cache in caches:
+        mounts.append((cache, 1, ["--ro-bind", str(cache), str(cache)]))
+        for name in CACHE_SECRETS:
+            secret = cache / name
+            if secret.exists() and not secret.is_symlink():
+                # An empty file to read (a refused read would crash the library asking).
+                mounts.append((secret, 4, ["--dev-bind", "/dev/null", str(secret)]))
     for _path, _order, mount in sorted(mounts, key=lambda m: (len(m[0].parts), m[1], str(m[0]))):
         args += mount
     for folder in [*map(Path, empty), *homes]:
@@ -702,8 +777,53 @@ def bwrap_prefix(
     args += ["--chdir", str(cwd), "--"]
     exposed = tuple(home for home in homes if home in kept)
     rebound = tuple(p for p in kept if any(_under(p, h) for h in homes) and p not in homes)
-    view = View(tuple(homes), exposed, rebound, (*private, "/dev/shm"), sized, no_userns, shm_mb)
+    view = View(
+        tuple(homes),
+        exposed,
+        rebound,
+        (*private, "/dev/shm"),
+        sized,
+        no_userns,
+        shm_mb,
+        tuple(caches),
+        network,
+    )
     return args, view
+
+
+def cache_paths(environ: Mapping[str, str]) -> tuple[Path, ...]:
+    """The model and dataset caches that exist here: the folders named by TORCH_HOME, HF_HOME
+    and the other Hugging Face variables, else their defaults under XDG_CACHE_HOME or
+    ~/.cache. Never a home folder itself, `/`, or a system folder."""
+    home = environ.get("HOME") or _password_home() or ""
+    xdg = environ.get("XDG_CACHE_HOME") or (os.path.join(home, ".cache") if home else "")
+    candidates = []
+    for name, default in CACHE_FOLDERS:
+        value = environ.get(name) or (os.path.join(xdg, default) if xdg else "")
+        candidates.append(value)
+    candidates += [environ.get(name, "") for name in CACHE_EXTRA]
+    homes = set(home_dirs())
+    found: list[Path] = []
+    for value in candidates:
+        if not value or not os.path.isabs(value) or not os.path.isdir(value):
+            continue
+        path = Path(os.path.realpath(value))
+        if path in homes or path == Path("/") or str(path) in SYSTEM_DIRS:
+            continue
+        if path not in found:
+            found.append(path)
+    return tuple(found)
+
+
+def cache_environment(caches: tuple[Path, ...]) -> dict[str, str]:
+    """TORCH_HOME and HF_HOME for the child, pointing at the real caches (its HOME is not)."""
+    env: dict[str, str] = {}
+    for path in caches:
+        if path.name == "torch" or os.environ.get("TORCH_HOME") == str(path):
+            env.setdefault("TORCH_HOME", str(path))
+        elif path.name == "huggingface" or os.environ.get("HF_HOME") == str(path):
+            env.setdefault("HF_HOME", str(path))
+    return env
 
 
 def home_dirs() -> list[Path]:

@@ -38,6 +38,7 @@ def render(report: ReproReport, cwd: str | None = None) -> str:
     out += _findings(data, base)
     out += _table(data, base)
     out += _output(data)
+    out += _written(data, base)
     count = len(data.get("findings") or [])
     if report.setup_error is None:
         out.append("")
@@ -275,6 +276,33 @@ def _table(data: dict[str, Any], base: str) -> list[str]:
     if len(rows) > MAX_TABLE_ROWS:
         lines.append(f"  ... {len(rows) - MAX_TABLE_ROWS} more entries in the JSON report")
     return lines
+
+
+def _written(data: dict[str, Any], base: str) -> list[str]:
+    """What the run wrote into the project's copy (thrown away, unless --keep-outputs)."""
+    written = data.get("written") or {}
+    files = written.get("files") or []
+    removed = written.get("removed") or []
+    if not files and not removed:
+        return []
+    kept = written.get("kept_in")
+    where = f"kept in {kept}" if kept else "into the sandbox's copy; --keep-outputs DIR keeps them"
+    lines = ["", f"wrote {len(files)} file{'s' if len(files) != 1 else ''} ({where}):"]
+    for item in files[:20]:
+        size = "link" if item.get("kind") == "link" else _bytes(int(item.get("bytes") or 0))
+        lines.append(f"  {_rel(item.get('path'), base)}  {size}")
+    if len(files) > 20 or written.get("truncated"):
+        lines.append("  ... more in the JSON report")
+    for path in removed[:5]:
+        lines.append(f"  removed {_rel(path, base)} (in the copy only)")
+    return lines
+
+
+def _bytes(size: int) -> str:
+    for unit, shift in (("MB", 20), ("kB", 10)):
+        if size >= 1 << shift:
+            return f"{size / (1 << shift):.1f} {unit}"
+    return f"{size} B"
 
 
 def _output(data: dict[str, Any]) -> list[str]:

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from torchls.probe.options import ReproOptions
+from torchls.probe.options import ReproOptions, ReproUsageError
 from torchls.probe.prepare import Prepared, prepare
 from torchls.probe.process import Ended
 from torchls.probe.report import ReproReport, parse_probe_report
@@ -50,6 +50,8 @@ from torchls.probe.runner import (
     finish,
     forward_progress,
     notify,
+    open_view,
+    record_writes,
     run_cold,
     wall_clock_layer,
 )
@@ -80,6 +82,9 @@ def _key(prepared: Prepared) -> tuple[Any, ...]:
         options.file_size_mb,  # sizes the worker's private tmpfs
         prepared.resolved.memory_mb,  # sizes its /dev/shm
         tuple(keep_paths([prepared.root, *prepared.read_paths])),
+        # The folders seen through a copy are mounted when the worker starts.
+        tuple(prepared.copied),
+        options.network,
     )
 
 
@@ -124,6 +129,7 @@ class WarmWorker:
         self.folder = RunFolder.create(prepared.probe_package, cold=False)
         try:
             self.folder.seal(None)
+            self.project = open_view(prepared, self.folder.root / "view")
             self.launch: Launch = self._plan(prepared)
         except BaseException:
             self.folder.remove()
@@ -205,6 +211,8 @@ class WarmWorker:
             ),
             mode=options.sandbox,
             extra_env=options.pass_env,
+            project=self.project,
+            network=options.network,
         )
 
     # --- protocol ------------------------------------------------------------------------------
@@ -277,6 +285,14 @@ class WarmWorker:
         token = secrets.token_hex(16)
         r = prepared.resolved
         request = prepared.request(None, None)  # the worker picks the run's own folder
+        try:
+            # What an earlier run wrote into the project's copy, and the user's edits since.
+            self.project.reset()
+        except (OSError, ReproUsageError) as error:
+            self.dirty = True
+            raise WorkerError(f"the project's copy could not be renewed: {error}") from None
+        if self.project.linked:
+            request["cwd"] = str(self.project.copy_of(prepared.cwd))
         limits = limits_for(
             r.memory_mb, r.timeout_s, r.options.file_size_mb, r.options.max_processes, r.device
         )
@@ -289,7 +305,7 @@ class WarmWorker:
                 "request": request,
                 "limits": _limits_json(limits),
                 "deadline_s": deadline_s,
-                "network": not self.bwrap,
+                "network": not self.bwrap and not r.options.network,
                 "report_limit": REPORT_READ_LIMIT,
                 "output_head": OUTPUT_HEAD,
                 "output_tail": OUTPUT_TAIL,
@@ -308,6 +324,7 @@ class WarmWorker:
         report = finish(
             prepared, request, _left(exit_message), ended, layers, self.launch.warnings, "warm"
         )
+        record_writes(report, prepared, self.project)
         report.data["timing"]["server_wall_s"] = round(time.monotonic() - started, 4)
         notify(on_progress, ProgressEvent("done", f"done: {report.status}"))
         return report
