@@ -418,6 +418,41 @@ class ModeAnalysis:
             key = self.facts.key(keyword.value)
             if key is not None and keyword.arg:
                 mapping[key] = keyword.arg
+        mapping.update(self._held_object_map(call))
+        return mapping
+
+    def _held_object_map(self, call: ast.Call) -> dict[str, str]:
+        """For `self.hook.after_step()` on an object built here as `self.hook = Hook(self)`:
+        the caller's `self.hook` is the method's `self`, and the caller's `self` is what
+        `Hook.__init__` stored (`self.trainer = trainer` makes it the method's
+        `self.trainer`), so `self.model` there is `self.trainer.model`."""
+        facts = self.facts
+        func = call.func
+        if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Attribute)):
+            return {}
+        built = facts.held_instance(func.value)
+        receiver = facts.key(func.value)
+        if built is None or receiver is None:
+            return {}
+        mapping = {receiver: "self"}
+        info = facts.classes[built.func.id]  # type: ignore[union-attr]
+        init = info.methods.get("__init__")
+        if init is None or facts.enclosing_class(built) is not facts.enclosing_class(call):
+            return mapping  # built elsewhere: its `self` arguments mean another object
+        params = [a.arg for a in [*init.args.posonlyargs, *init.args.args]][1:]
+        passed: dict[str, str] = {}
+        for position, argument in enumerate(built.args):
+            key = facts.key(argument)
+            if key is not None and position < len(params):
+                passed[params[position]] = key
+        for keyword in built.keywords:
+            key = facts.key(keyword.value)
+            if key is not None and keyword.arg:
+                passed[keyword.arg] = key
+        for attribute, values in info.attributes.items():
+            if len(values) == 1 and isinstance(values[0], ast.Name) and values[0].id in passed:
+                caller_key = passed[values[0].id]
+                mapping.setdefault(caller_key, f"self.{attribute}")
         return mapping
 
     def _apply_helper(self, call: ast.Call, function: FunctionNode, state: State) -> State:
@@ -428,7 +463,10 @@ class ModeAnalysis:
             param_key = _rebase(key, mapping)
             if param_key is not None:
                 entry[param_key] = facts_
+        foreign = "self" in mapping.values() and not _same_self(call)
         for key, facts_ in state.items():
+            if foreign and key.startswith("self."):
+                continue  # the method's `self` is another object: only the mapping relates them
             if key.startswith("self.") or ("." not in key and key not in mapping):
                 entry.setdefault(key, facts_)
         if any(site is call for site, _, _ in self.facts.evaluating_sites(function)):
@@ -527,6 +565,16 @@ def _leaves_early(loop: ast.For | ast.AsyncFor | ast.While) -> bool:
             continue
         todo.extend(ast.iter_child_nodes(node))
     return False
+
+
+def _same_self(call: ast.Call) -> bool:
+    """`self.method()`: the method runs on the caller's own `self`."""
+    func = call.func
+    return (
+        isinstance(func, ast.Attribute)
+        and isinstance(func.value, ast.Name)
+        and func.value.id == "self"
+    )
 
 
 def _rebase(key: str, mapping: dict[str, str]) -> str | None:

@@ -138,6 +138,25 @@ class FlowQueries:
                 info = self.classes.get(klass.name) if klass else None
                 if info is not None:
                     return info.methods.get(func.attr)
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Attribute):
+            # `self.hook.after_step()`: a method of the one in-file object `self.hook` holds.
+            held = self.held_instance(func.value)
+            if held is not None:
+                return self.classes[held.func.id].methods.get(func.attr)  # type: ignore[union-attr]
+        return None
+
+    def held_instance(self, attribute: ast.Attribute) -> ast.Call | None:
+        """The construction `Hook(...)` of an in-file class that `self.<attr>` is bound to,
+        when the class assigns that attribute exactly once."""
+        if not (isinstance(attribute.value, ast.Name) and attribute.value.id == "self"):
+            return None
+        values = self.self_attribute_values(attribute)  # type: ignore[attr-defined]
+        if len(values) != 1:
+            return None
+        value = values[0]
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+            if value.func.id in self.classes:
+                return value
         return None
 
     @cached_property
