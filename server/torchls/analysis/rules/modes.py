@@ -332,9 +332,10 @@ def train_mode_not_restored(facts: Facts) -> Iterator[Hit]:
     ## What it catches
     `model.eval()` (directly or inside a helper such as `evaluate(model)`, however deep, also
     through an object such as `ctx.model`, or in a method of an object that holds the trainer,
-    `self.hook = Hook(self)` switching `self.trainer.model`) runs inside the epoch loop, while `model.train()` is
-    called only before the loop: from the second epoch on, the model trains in eval mode. A
-    validation every N batches from inside the batch loop is reported the same way. Models the
+    `self.hook = Hook(self)` switching `self.trainer.model`) runs inside the epoch loop, while
+    `model.train()` is called only before the loop: from the second epoch on, the model trains
+    in eval mode. A validation every N batches from inside the batch loop is reported the same
+    way. Models the
     loop does not train (a frozen teacher no optimizer there steps, or only run under
     `no_grad`) and helpers that restore the mode they found (`was_training = model.training`
     ... `model.train(was_training)`) are not reported.
