@@ -137,3 +137,86 @@ def test_cli_reports_cross_file_finding(project: Path) -> None:
     assert result.returncode == 1
     assert "train.py:15:26: TL101" in result.stdout
     assert "in models.py, line 11" in result.stdout
+
+
+ARCHITECTURES = """\
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Recurrent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.GRU(8, 16)
+        self.out = nn.Linear(16, 50)
+
+    def forward(self, tokens, state):
+        hidden, state = self.rnn(tokens, state)
+        return self.out(hidden), state
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = nn.TransformerEncoderLayer(8, 2)
+        self.out = nn.Linear(8, 50)
+
+    def forward(self, tokens):
+        return F.log_softmax(self.out(self.block(tokens)), dim=-1)
+"""
+LANGUAGE_MODEL = """\
+import argparse
+import torch
+import torch.nn as nn
+import architectures
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--arch", default="attention")
+options = parser.parse_args()
+if options.arch == "attention":
+    net = architectures.Attention()
+else:
+    net = architectures.Recurrent()
+loss_fn = nn.CrossEntropyLoss()
+
+
+def epoch(batches, state=None):
+    for tokens, targets in batches:
+        if options.arch == "attention":
+            scores = net(tokens)
+        else:
+            scores, state = net(tokens, state)
+        loss = loss_fn(scores.view(-1, 50), targets.view(-1))
+        loss.backward()
+
+
+for _ in range(3):
+    epoch([])
+net = torch.load("best.pt")
+"""
+
+
+def test_a_model_chosen_by_a_flag_is_followed_on_each_path(tmp_path: Path) -> None:
+    # One choice of architecture ends its forward in log_softmax, in another file; the name
+    # is rebound after training, which is not what the training function sees.
+    (tmp_path / "architectures.py").write_text(ARCHITECTURES)
+    train = tmp_path / "lm.py"
+    train.write_text(LANGUAGE_MODEL)
+    found = [
+        f
+        for f in analyze(train.read_text(), str(train), workspace=Workspace(tmp_path)).findings
+        if f.code == "TL101"
+    ]
+    assert [f.span.start.row for f in found] == [22]
+    assert "in architectures.py, line 23" in found[0].message
+    assert "on the path through line 10" in found[0].message
+    assert found[0].related[0].span.start.row == 23
+    # With the softmax gone from that branch, nothing is left to report.
+    (tmp_path / "architectures.py").write_text(
+        ARCHITECTURES.replace("F.log_softmax(self.out(self.block(tokens)), dim=-1)", "self.out(x)")
+    )
+    assert not [
+        f
+        for f in analyze(train.read_text(), str(train), workspace=Workspace(tmp_path)).findings
+        if f.code == "TL101"
+    ]

@@ -393,6 +393,42 @@ class IndexQueries:
             return None
         return None
 
+    def binding_alternatives(self, name: ast.Name) -> list[Assignment] | None:
+        """The bindings of `name` that reach this read on different paths, when an `if`
+        chooses between them (`model = A()` in one branch, `model = B()` in the other): two
+        or more, or None. A function reading a module-level name sees what is bound where the
+        module calls the function (not a rebinding after the last call). Loops are taken to
+        run and `try` bodies to complete: only `if`/`match` choices make alternatives."""
+        cache = self.__dict__.setdefault("_alternatives_cache", {})
+        if name in cache:
+            return cache[name]
+        found = cache[name] = self._binding_alternatives(name)
+        return found
+
+    def _binding_alternatives(self, name: ast.Name) -> list[Assignment] | None:
+        scope = self.scope(name)
+        local = self.assignments.get(scope, {}).get(name.id)
+        if local:
+            if not isinstance(scope, ast.Lambda):
+                state = _reaching_at(self, scope.body, name.id, name, frozenset())
+                if state is not None and len(state) > 1:
+                    return _in_order(local, state)
+            return None
+        if scope is self.tree or not self.assignments.get(self.tree, {}).get(name.id):
+            return None
+        sites = self.call_sites(scope)  # type: ignore[attr-defined,arg-type]
+        if not sites or any(self.scope(site) is not self.tree for site in sites):
+            return None
+        found: set[int] = set()
+        for site in sites:
+            state = _reaching_at(self, self.tree.body, name.id, site, frozenset())
+            if not state:
+                return None
+            found |= state
+        if len(found) < 2:
+            return None
+        return _in_order(self.assignments[self.tree][name.id], found)
+
     def uses_of(self, stmt: ast.stmt, name: str) -> list[ast.Name]:
         """The reads of `name` that the binding made by `stmt` reaches, in its own scope."""
         scope = self.scope(stmt)
@@ -426,3 +462,80 @@ class IndexQueries:
             if isinstance(call.func, ast.Name):
                 index.setdefault(call.func.id, []).append(call)
         return index
+
+
+State = frozenset  # ids of the Assignments of one name that may hold at a point
+
+
+def _in_order(table: list[Assignment], state: State) -> list[Assignment]:
+    chosen = [a for a in table if id(a) in state]
+    return sorted(chosen, key=lambda a: (a.stmt.lineno, a.stmt.col_offset))
+
+
+def _reaching_at(
+    facts: IndexQueries, body: list[ast.stmt], name: str, use: ast.AST, state: State
+) -> State | None:
+    """The bindings of `name` that reach `use` inside `body` (None: `use` is not in it)."""
+    for stmt in body:
+        if facts.is_inside(use, stmt):
+            return _reaching_inside(facts, stmt, name, use, state)
+        state = _after(facts, stmt, name, state)
+    return None
+
+
+def _reaching_inside(
+    facts: IndexQueries, stmt: ast.stmt, name: str, use: ast.AST, state: State
+) -> State:
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return state
+    if isinstance(stmt, (ast.For, ast.AsyncFor)):
+        state = _bound_by(facts, stmt, name) or state
+    for block in _blocks(stmt):
+        found = _reaching_at(facts, block, name, use, state)
+        if found is not None:
+            return found
+    return state  # the use is in the statement's own header or value
+
+
+def _blocks(stmt: ast.stmt) -> list[list[ast.stmt]]:
+    if isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar":
+        return [stmt.body, *(h.body for h in stmt.handlers), stmt.orelse, stmt.finalbody]  # type: ignore[attr-defined]
+    if isinstance(stmt, ast.Match):
+        return [case.body for case in stmt.cases]
+    return [getattr(stmt, "body", None) or [], getattr(stmt, "orelse", None) or []]
+
+
+def _bound_by(facts: IndexQueries, stmt: ast.stmt, name: str) -> State | None:
+    scope_table = facts.assignments.get(facts.scope(stmt), {})  # type: ignore[attr-defined]
+    bound = frozenset(id(a) for a in scope_table.get(name, ()) if a.stmt is stmt)
+    return bound or None
+
+
+def _after(facts: IndexQueries, stmt: ast.stmt, name: str, state: State) -> State:
+    """The bindings of `name` that hold after `stmt` ran, given those before it."""
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return state
+    if isinstance(stmt, ast.If):
+        return _sequence(facts, stmt.body, name, state) | _sequence(facts, stmt.orelse, name, state)
+    if isinstance(stmt, ast.Match):
+        results = [_sequence(facts, case.body, name, state) for case in stmt.cases]
+        return frozenset().union(state, *results)
+    if isinstance(stmt, (ast.For, ast.AsyncFor)):
+        state = _bound_by(facts, stmt, name) or state
+        state = _sequence(facts, stmt.body, name, state)  # loops are taken to run
+        return _sequence(facts, stmt.orelse, name, state)
+    if isinstance(stmt, (ast.While, ast.With, ast.AsyncWith)):
+        state = _bound_by(facts, stmt, name) or state  # `with ... as name`
+        state = _sequence(facts, stmt.body, name, state)
+        return _sequence(facts, getattr(stmt, "orelse", None) or [], name, state)
+    if isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar":
+        state = _sequence(facts, stmt.body, name, state)  # type: ignore[attr-defined]
+        state = _sequence(facts, stmt.orelse, name, state)  # type: ignore[attr-defined]
+        return _sequence(facts, stmt.finalbody, name, state)  # type: ignore[attr-defined]
+    return _bound_by(facts, stmt, name) or state
+
+
+def _sequence(facts: IndexQueries, body: list[ast.stmt], name: str, state: State) -> State:
+    for stmt in body:
+        state = _after(facts, stmt, name, state)
+    return state

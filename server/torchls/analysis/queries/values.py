@@ -11,6 +11,7 @@ In: the index and kind queries of the same `Facts`. Out: the `ValueQueries` mixi
 from __future__ import annotations
 
 import ast
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from torchls.analysis.queries.vocabulary import (
@@ -19,6 +20,7 @@ from torchls.analysis.queries.vocabulary import (
     MAX_ORIGIN_STEPS,
     PASS_THROUGH_METHODS,
     RETURNS_RECEIVER,
+    Assignment,
     ClassInfo,
     FunctionNode,
     Origin,
@@ -87,6 +89,9 @@ class ValueQueries:
             return [Origin(expr, via)]
         self._origin_steps += 1
         if isinstance(expr, ast.Name):
+            alternatives = self.binding_alternatives(expr) if depth < MAX_DEPTH else None
+            if alternatives is not None:
+                return self._alternative_origins(expr, alternatives, depth, via)
             assignment = self.reaching_assignment(expr)
             if assignment is None and depth < MAX_DEPTH:
                 arguments = self.parameter_arguments(expr, unbound=True)
@@ -111,10 +116,43 @@ class ValueQueries:
                 method in PASS_THROUGH_METHODS or self.returns_receiver(expr)
             ):
                 return self.origins(receiver, depth + 1, (*via, expr))
+            if isinstance(expr.func, ast.Name) and depth < MAX_DEPTH:
+                alternatives = self.binding_alternatives(expr.func)
+                if alternatives is not None:
+                    # `model(x)` where `model` is `A()` on one path and `B()` on another.
+                    return self._alternative_calls(expr, alternatives, depth, via)
             module_origins = self._module_call_origins(expr, depth, via)
             if module_origins is not None:
                 return module_origins
         return [Origin(expr, via)]
+
+    def _alternative_origins(
+        self, expr: ast.Name, alternatives: list[Assignment], depth: int, via: tuple[ast.AST, ...]
+    ) -> list[Origin]:
+        found: list[Origin] = []
+        for alternative in alternatives:
+            if alternative.value is None or alternative.loop is not None:
+                found.append(Origin(expr, via, branch=alternative.stmt))
+                continue
+            if alternative.index is not None:
+                inner = self._indexed_origins(
+                    alternative.value, alternative.index, depth, (*via, expr)
+                )
+            else:
+                inner = self.origins(alternative.value, depth + 1, (*via, expr))
+            found.extend(_in_branch(inner, alternative.stmt))
+        return found
+
+    def _alternative_calls(
+        self, call: ast.Call, alternatives: list[Assignment], depth: int, via: tuple[ast.AST, ...]
+    ) -> list[Origin]:
+        found: list[Origin] = []
+        for alternative in alternatives:
+            inner = None
+            if alternative.value is not None and alternative.index is None and not alternative.loop:
+                inner = self._module_call_origins(call, depth, via, alternative.value)
+            found.extend(_in_branch(inner or [Origin(call, via)], alternative.stmt))
+        return found
 
     def owner(self, origin: Origin) -> Facts:
         """The facts of the file `origin` was found in."""
@@ -129,7 +167,7 @@ class ValueQueries:
         if owner is self:
             return self.origins(expr, depth + 1, via)
         return [
-            Origin(o.node, (*via, *o.via), o.module_output, o.facts or owner)
+            Origin(o.node, (*via, *o.via), o.module_output, o.facts or owner, o.branch)
             for o in owner.origins(expr, depth + 1)
         ]
 
@@ -151,20 +189,21 @@ class ValueQueries:
         return [Origin(value, via)]
 
     def _module_call_origins(
-        self, call: ast.Call, depth: int, via: tuple[ast.AST, ...]
+        self, call: ast.Call, depth: int, via: tuple[ast.AST, ...], bound: ast.expr | None = None
     ) -> list[Origin] | None:
-        """Origins of `module(x)`: the module's forward returns, or its last layer."""
-        built = self._module_constructor(call.func, depth)
+        """Origins of `module(x)`: the module's forward returns, or its last layer. `bound`:
+        the value the called name holds on the path asked about (else its one binding)."""
+        built = self._module_constructor(call.func, depth, bound)
         if built is not None:
             owner, constructor = built
             outputs = owner._constructor_output(constructor, depth, ())
             return [
-                Origin(o.node, (*via, call, *o.via), o.module_output, o.facts or owner)
+                Origin(o.node, (*via, call, *o.via), o.module_output, o.facts or owner, o.branch)
                 if owner is not self
-                else Origin(o.node, (*via, call, *o.via), o.module_output, o.facts)
+                else Origin(o.node, (*via, call, *o.via), o.module_output, o.facts, o.branch)
                 for o in outputs
             ]
-        returns = self._forward_returns_of_call(call, depth)
+        returns = self._forward_returns_of_call(call, depth, bound)
         if returns is None:
             return None
         out: list[Origin] = []
@@ -172,16 +211,24 @@ class ValueQueries:
             out.extend(self._origins_in(owner, returned, depth, (*via, call)))
         return out
 
-    def _module_constructor(self, func: ast.expr, depth: int) -> tuple[Facts, ast.Call] | None:
+    def _module_constructor(
+        self, func: ast.expr, depth: int, bound: ast.expr | None = None
+    ) -> tuple[Facts, ast.Call] | None:
         """The `nn.X(...)` call that built the module object `func` refers to: directly, or the
         module a factory function (here or in another project file) returns."""
-        value = self.binding_value(func) if isinstance(func, (ast.Name, ast.Attribute)) else None
+        value = bound
+        if value is None and isinstance(func, (ast.Name, ast.Attribute)):
+            value = self.binding_value(func)
         steps = 0
         while isinstance(value, ast.Name) and steps < MAX_DEPTH:
             value = self.binding_value(value)  # `self.head = head`, a constructor parameter
             steps += 1
         while isinstance(value, ast.Call) and steps < MAX_DEPTH:
             qualname = self.call_qualname(value) or ""
+            if qualname in PARALLEL_WRAPPERS and value.args:
+                value = self._wrapped(value)  # `nn.DataParallel(net)` runs `net`
+                steps += 1
+                continue
             if qualname.startswith("torch.nn.") and self.short_name(value)[:1].isupper():
                 return self, value
             if self.returns_receiver(value):
@@ -219,8 +266,16 @@ class ValueQueries:
                         return [o for r in returns for o in self._origins_in(owner, r, depth, via)]
         return [Origin(constructor, via, module_output=True)]
 
+    def _wrapped(self, wrapper: ast.Call) -> ast.expr | None:
+        """The module a parallel wrapper was given: its construction when the argument is
+        a name bound to one (`nn.DataParallel(net)` after `net = Net()`)."""
+        inner = wrapper.args[0]
+        if isinstance(inner, (ast.Name, ast.Attribute)):
+            return self.binding_value(inner)
+        return inner
+
     def _forward_returns_of_call(
-        self, call: ast.Call, depth: int
+        self, call: ast.Call, depth: int, bound: ast.expr | None = None
     ) -> list[tuple[Facts, ast.expr]] | None:
         """(file facts, return expression) of `forward` when `call` calls an instance of a
         module class defined in this file or in another project file."""
@@ -231,9 +286,13 @@ class ValueQueries:
             info = self.module_class(klass.name) if klass else None
             found = (self, info) if info is not None else None
         elif isinstance(func, (ast.Name, ast.Attribute)):
-            value = self.binding_value(func)
+            value = bound if bound is not None else self.binding_value(func)
             steps = 0
             while isinstance(value, ast.Call) and steps < MAX_DEPTH:
+                if (self.call_qualname(value) or "") in PARALLEL_WRAPPERS and value.args:
+                    value = self._wrapped(value)
+                    steps += 1
+                    continue
                 found = self.module_class_of_call(value)
                 if found is not None:
                     break
@@ -379,3 +438,20 @@ class ValueQueries:
         if not isinstance(func, (ast.Name, ast.Attribute)) or not self.is_kind(func, "model"):
             return False
         return not self.constructs_module(call)
+
+
+def _in_branch(origins: list[Origin], branch: ast.AST) -> list[Origin]:
+    """`origins` tagged with the alternative they belong to; a choice made nearer to where
+    the value is computed (already tagged) is kept."""
+    return [o if o.branch is not None else replace(o, branch=branch) for o in origins]
+
+
+# Wrappers whose forward runs the module they were built around.
+PARALLEL_WRAPPERS = frozenset(
+    {
+        "torch.nn.DataParallel",
+        "torch.nn.parallel.DataParallel",
+        "torch.nn.parallel.DistributedDataParallel",
+        "torch.nn.parallel.distributed.DistributedDataParallel",
+    }
+)

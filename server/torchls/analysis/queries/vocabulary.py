@@ -172,6 +172,9 @@ class Origin:
     via: tuple[ast.AST, ...] = ()
     module_output: bool = False
     facts: Facts | None = None  # the file `node` belongs to, when it is not the asking file
+    # When the value depends on which branch of an `if` ran (`model = A()` / `model = B()`),
+    # the binding statement of the alternative this origin belongs to.
+    branch: ast.AST | None = None
 
 
 @dataclass

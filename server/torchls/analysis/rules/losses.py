@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from torchls.analysis.facts import Facts, LossCall, Origin
@@ -15,12 +16,23 @@ from torchls.analysis.rules._edits import insert_at, replace_node
 
 
 def all_activated(facts: Facts, expr: ast.expr, accepted: set[str]) -> list[Origin] | None:
-    """The origins of `expr` when every one of them is an activation in `accepted`."""
+    """The origins of `expr` when every one of them is an activation in `accepted`; or, when
+    an `if` chooses where the value comes from (`model = A()` / `model = B()`), the origins
+    of a choice whose every origin is one: that path feeds the loss an activation."""
     origins = facts.origins(expr)
     if not origins:
         return None
-    if all(activation_of(facts, origin) in accepted for origin in origins):
-        return origins
+    activated = [activation_of(facts, origin) in accepted for origin in origins]
+    if all(activated):
+        return [replace(origin, branch=None) for origin in origins]  # every path: no choice
+    if not any(activated) or any(origin.branch is None for origin in origins):
+        return None
+    choices: dict[int, list[tuple[Origin, bool]]] = {}
+    for origin, is_activated in zip(origins, activated, strict=True):
+        choices.setdefault(id(origin.branch), []).append((origin, is_activated))
+    for choice in choices.values():
+        if all(is_activated for _, is_activated in choice):
+            return [origin for origin, _ in choice]
     return None
 
 
@@ -33,6 +45,8 @@ def describe(facts: Facts, argument: ast.AST, origin: Origin) -> str:
     where = f"on line {origin.node.lineno}"
     if owner is not facts:
         where = f"in {Path(owner.filename).name}, line {origin.node.lineno}"
+    if origin.branch is not None:
+        where += f", on the path through line {origin.branch.lineno}"  # type: ignore[attr-defined]
     return f"`{_short(facts, argument)}` (from `{_short(owner, origin.node)}` {where})"
 
 
@@ -60,6 +74,8 @@ def pass_logits_fix(
     is a name not rebound since."""
     if len(origins) != 1 or origins[0].module_output or origins[0].facts is not None:
         return None
+    if origins[0].branch is not None:
+        return None  # another path feeds the logits: the activation is that path's choice
     activation = origins[0].node
     if not isinstance(activation, ast.Call):
         return None
@@ -118,7 +134,10 @@ def softmax_before_cross_entropy(facts: Facts) -> Iterator[Hit]:
     (a cross-entropy wrapper, an `nn.Sequential` head passed to a custom module), or because
     the model's `forward` (or an `nn.Sequential`) ends in a softmax, also in another project
     file. A loss passed as a default argument counts; a loss name bound to different kinds on
-    different paths (CTC in one branch, cross-entropy in the other) is not reported.
+    different paths (CTC in one branch, cross-entropy in the other) is not reported. When an
+    `if` chooses the model or the tensor (`model = A()` / `model = B()`, a module-level choice
+    read by the training function included), a choice that feeds a softmax is reported with
+    the line of that choice.
 
     ## Why it is wrong
     Cross-entropy applies `log_softmax` to its input itself. Feeding it probabilities squashes
