@@ -439,6 +439,11 @@ class FlowQueries:
         return cache[function]
 
     def _evaluating_sites(self, function: FunctionNode) -> list[tuple[ast.Call, str, ast.expr]]:
+        if not any(
+            isinstance(node, ast.If) and _guard_of(self, function, node.test, True) is not None
+            for node in self.scope_nodes.get(function, ())  # type: ignore[attr-defined]
+        ):
+            return []  # no `if` tests a parameter: nothing can switch training off
         def trains(call: ast.Call) -> bool:
             return self.is_backward(call) or self.optimizer_of_step(call) is not None
 

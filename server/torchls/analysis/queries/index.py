@@ -409,13 +409,13 @@ class IndexQueries:
         scope = self.scope(name)
         local = self.assignments.get(scope, {}).get(name.id)
         if local:
-            if not isinstance(scope, ast.Lambda):
+            if len(local) > 1 and not isinstance(scope, ast.Lambda):
                 state = _reaching_at(self, scope.body, name.id, name, frozenset())
                 if state is not None and len(state) > 1:
                     return _in_order(local, state)
             return None
-        if scope is self.tree or not self.assignments.get(self.tree, {}).get(name.id):
-            return None
+        if scope is self.tree or len(self.assignments.get(self.tree, {}).get(name.id, ())) < 2:
+            return None  # one module-level binding: no choice to follow
         sites = self.call_sites(scope)  # type: ignore[attr-defined,arg-type]
         if not sites or any(self.scope(site) is not self.tree for site in sites):
             return None
