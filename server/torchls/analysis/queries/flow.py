@@ -444,6 +444,7 @@ class FlowQueries:
             for node in self.scope_nodes.get(function, ())  # type: ignore[attr-defined]
         ):
             return []  # no `if` tests a parameter: nothing can switch training off
+
         def trains(call: ast.Call) -> bool:
             return self.is_backward(call) or self.optimizer_of_step(call) is not None
 

@@ -438,6 +438,53 @@ def _steps(facts: Facts) -> Iterator[tuple[ast.Call, ast.expr]]:
             yield call, optimizer
 
 
+def _uncleared_steps(facts: Facts, loop: ast.AST) -> set[int]:
+    """Ids of the optimizer steps in `loop` whose parameters no `zero_grad()` in the loop
+    clears, when every clearing there is a direct `zero_grad()` on a known optimizer or model
+    and every stepped optimizer's parameters are known (`optimizer_D.step()` where only
+    `optimizer_G.zero_grad()` runs). Empty as soon as anything cannot be told."""
+    if any(facts.clears_gradients(node) for node in ast.walk(loop)):
+        return set()  # `p.grad = None`: which parameters is not tracked
+    cleared: list[set[str]] = []
+    for call in facts.calls_in(loop):
+        if not facts.is_zero_grad(call):
+            if facts.reaches(call, lambda c: facts.is_zero_grad(c) or facts.clears_gradients(c)):
+                return set()  # a helper or a closure (LBFGS) clears something
+            continue
+        receiver = facts.receiver(call)
+        kind = facts.kind_of(receiver)
+        key = facts.key(receiver)
+        if kind is None or kind.by_name or key is None:
+            return set()
+        if kind.kind == "optimizer":
+            owners = facts.optimizer_parameter_owners(receiver)
+        elif kind.kind == "model":
+            owners = {key}
+        else:
+            return set()
+        if not owners:
+            return set()
+        cleared.append(owners)
+    found: set[int] = set()
+    for step in facts.calls_in(loop):
+        optimizer = facts.optimizer_of_step(step)
+        if optimizer is None or facts.enclosing_loops(step)[:1] != [loop]:
+            continue
+        owners = facts.optimizer_parameter_owners(optimizer)
+        if not owners:
+            return set()
+        if not any(_overlap(owners, other) for other in cleared):
+            found.add(id(step))
+    return found
+
+
+def _overlap(first: set[str], second: set[str]) -> bool:
+    """Two sets of module keys share parameters (`D` and `D.net` do)."""
+    return any(
+        a == b or a.startswith(b + ".") or b.startswith(a + ".") for a in first for b in second
+    )
+
+
 def _clears_grads_in(facts: Facts, loop: ast.AST) -> bool:
     def predicate(call: ast.Call) -> bool:
         return facts.is_zero_grad(call) or facts.clears_gradients(call)
@@ -461,7 +508,9 @@ def missing_zero_grad(facts: Facts) -> Iterator[Hit]:
     never clears gradients: no `optimizer.zero_grad()`, `model.zero_grad()` or
     `p.grad = None` anywhere in the loop (helpers and LBFGS closures included). Distributed
     autograd (`dist_autograd.backward(context_id, ...)` with a `DistributedOptimizer`) keeps
-    gradients per context, not in `.grad`, and is not reported.
+    gradients per context, not in `.grad`, and is not reported. With two optimizers in one
+    loop (a GAN), an optimizer whose parameters no `zero_grad()` there clears is reported
+    too, when every clearing in the loop names a known optimizer or model.
 
     ## Why it is wrong
     `backward()` adds into `.grad`. Without clearing, step *k* uses the sum of all gradients so
@@ -490,6 +539,16 @@ def missing_zero_grad(facts: Facts) -> Iterator[Hit]:
         if id(loop) in reported or not facts.node_reaches(loop, facts.accumulates_grad):
             continue
         if _clears_grads_in(facts, loop):
+            if id(step) in _uncleared_steps(facts, loop):
+                # Two optimizers in one loop, and only the other one's gradients are cleared.
+                optimizer_text = facts.source.segment(optimizer)
+                yield Hit(
+                    step,
+                    f"`{optimizer_text}` is stepped in a loop that clears other gradients but "
+                    f"never the ones `{optimizer_text}` updates; they accumulate across "
+                    "iterations",
+                    None,
+                )
             continue
         reported.add(id(loop))
         optimizer_text = facts.source.segment(optimizer)
