@@ -96,3 +96,65 @@ def test_model_kind_from_origin_not_from_name() -> None:
     assert facts.kind_of(untyped) is None
     assert facts.kind_of(state).kind == "data"
     assert facts.kind_of(literal).kind == "data"
+
+
+MODELS = """\
+import torch
+import torch.nn as nn
+import torchvision
+
+
+class Mlp(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.scale = width ** -0.5
+        self.body = nn.Sequential(nn.Linear(4, width), nn.GELU(), nn.Linear(width, 1))
+        self.bias = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x):
+        return self.body(x) * self.scale + self.bias
+
+
+class Normed(Mlp):
+    def __init__(self, width):
+        super().__init__(width)
+        self.norm = nn.BatchNorm1d(1)
+
+
+class Dropping(nn.Module):
+    def forward(self, x):
+        return nn.functional.dropout(x, 0.1, training=self.training)
+
+
+plain = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+dropped = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5))
+lstm = nn.LSTM(3, 8, num_layers=2)
+lstm_dropout = nn.LSTM(3, 8, num_layers=2, dropout=0.2)
+mlp = Mlp(16).to("cpu")
+normed = Normed(16)
+dropping = Dropping()
+resnet = torchvision.models.resnet18()
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "sensitive"),
+    [
+        ("plain", False),
+        ("dropped", True),
+        ("lstm", False),
+        ("lstm_dropout", True),
+        ("mlp", False),
+        ("normed", True),  # the batch-norm is added by the subclass
+        ("dropping", True),  # reads self.training itself
+        ("resnet", True),  # out of sight: assumed to have such layers
+    ],
+)
+def test_mode_sensitivity_is_decided_by_the_layers_a_model_is_built_from(
+    name: str, sensitive: bool
+) -> None:
+    from torchls.analysis.layers import mode_sensitive
+
+    facts = facts_of(MODELS + f"{name}(x)\n")
+    call = next(n for n in facts.calls if facts.source.segment(n) == f"{name}(x)")
+    assert mode_sensitive(facts, call.func) is sensitive

@@ -464,10 +464,14 @@ class ModeAnalysis:
             if param_key is not None:
                 entry[param_key] = facts_
         foreign = "self" in mapping.values() and not _same_self(call)
+        # The helper's own locals and parameters shadow the caller's names of the same text.
+        own = self.facts.assignments.get(function, {})
         for key, facts_ in state.items():
             if foreign and key.startswith("self."):
                 continue  # the method's `self` is another object: only the mapping relates them
-            if key.startswith("self.") or ("." not in key and key not in mapping):
+            if key.startswith("self.") or (
+                "." not in key and key not in mapping and key not in own
+            ):
                 entry.setdefault(key, facts_)
         if any(site is call for site, _, _ in self.facts.evaluating_sites(function)):
             # `run_epoch(..., train=False)`: this call runs the helper's loop as evaluation;

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 from torchls.analysis.facts import EVAL_FUNCTION_RE, Facts
 from torchls.analysis.findings import Fix
+from torchls.analysis.layers import mode_sensitive
 from torchls.analysis.modes import ModeAnalysis, analyse_modes
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._edits import (
@@ -47,9 +48,21 @@ def evaluation_context(facts: Facts, call: ast.Call) -> ast.AST | None:
             context = loops[-1]
         else:
             return None
-    if facts.node_reaches(context, facts.is_backward):
+    if facts.node_reaches(context, facts.is_backward) or _handles_optimizer(facts, context):
         return None
     return context
+
+
+def _handles_optimizer(facts: Facts, loop: ast.AST) -> bool:
+    """The loop clears gradients or hands an optimizer to something (`optimizer.zero_grad()`,
+    `loss_scaler(loss, optimizer)` whose backward is out of sight): it trains."""
+    for call in facts.calls_in(loop):
+        if facts.is_zero_grad(call):
+            return True
+        arguments = [*call.args, *(k.value for k in call.keywords)]
+        if any(facts.is_kind(a, "optimizer") for a in arguments if isinstance(a, ast.Name)):
+            return True
+    return False
 
 
 def _trainer(facts: Facts):
@@ -213,10 +226,17 @@ def eval_without_eval_mode(facts: Facts) -> Iterator[Hit]:
         yield Hit(
             call,
             f"`{key}` is called in an evaluation loop while in training mode; call "
-            f"`{key}.eval()` first (dropout and batch-norm behave differently)",
+            f"`{key}.eval()` first ({_why_mode_matters(facts, call)})",
             fix,
         )
     yield from _flag_evaluations(facts)
+
+
+def _why_mode_matters(facts: Facts, call: ast.Call) -> str:
+    if mode_sensitive(facts, call.func):
+        return "dropout and batch-norm behave differently"
+    # Every layer is known and none reads the mode: honest about what is at stake.
+    return "it has no dropout or batch-norm yet, so results change only once one is added"
 
 
 def _flag_evaluations(facts: Facts) -> Iterator[Hit]:
@@ -249,8 +269,7 @@ def _flag_evaluations(facts: Facts) -> Iterator[Hit]:
                 call,
                 f"`{key}` is in training mode when the call on line {site.lineno} "
                 f"(`{param}={facts.source.segment(argument)}`) runs this loop as evaluation; "
-                f"call `eval()` on it before that call (dropout and batch-norm behave "
-                "differently)",
+                f"call `eval()` on it before that call ({_why_mode_matters(facts, call)})",
                 None,
             )
 
@@ -337,8 +356,9 @@ def train_mode_not_restored(facts: Facts) -> Iterator[Hit]:
     in eval mode. A validation every N batches from inside the batch loop is reported the same
     way. Models the
     loop does not train (a frozen teacher no optimizer there steps, or only run under
-    `no_grad`) and helpers that restore the mode they found (`was_training = model.training`
-    ... `model.train(was_training)`) are not reported.
+    `no_grad`), models whose every layer ignores the mode (linear, convolution and activation
+    layers only: eval() changes nothing for them) and helpers that restore the mode they
+    found (`was_training = model.training` ... `model.train(was_training)`) are not reported.
 
     ## Why it is wrong
     In eval mode dropout is off and batch-norm uses frozen running statistics, so every epoch
@@ -367,6 +387,8 @@ def train_mode_not_restored(facts: Facts) -> Iterator[Hit]:
             continue
         if not facts.trains_model(loops[0], call.func):
             continue  # a frozen teacher kept in eval() on purpose: this loop never trains it
+        if not mode_sensitive(facts, call.func):
+            continue  # eval() changes nothing in a model without dropout or batch-norm
         direct = {fact.setter for fact in modes if not fact.back_edge}
         # A forward whose loss this loop backwards is meant to run in train mode: when it
         # may also see eval() left by an earlier step of the same loop (a validation every N

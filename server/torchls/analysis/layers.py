@@ -1,0 +1,215 @@
+"""Whether a model behaves differently in train() and eval() mode.
+
+Why: `model.eval()` only changes layers that read `self.training` (dropout, batch-norm and
+the like). A model built only from linear, convolution, recurrent (without dropout) and
+activation layers computes the same thing in both modes, so a missing or misplaced `eval()`
+changes nothing; mode rules stay quiet for such models. Any layer we cannot see (a class
+from an installed package, a factory, `torchvision.models.resnet18()`) counts as sensitive.
+
+In: a `Facts` and the expression that names the model. Out: `mode_sensitive(facts, expr)`:
+False only when every layer of the model is known and none depends on the mode.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torchls.analysis.facts import Facts
+    from torchls.analysis.queries.vocabulary import ClassInfo
+
+# torch.nn layers whose output does not depend on the mode.
+MODE_FREE = frozenset(
+    {
+        "Linear",
+        "Bilinear",
+        "LazyLinear",
+        "Conv1d",
+        "Conv2d",
+        "Conv3d",
+        "ConvTranspose1d",
+        "ConvTranspose2d",
+        "ConvTranspose3d",
+        "Embedding",
+        "EmbeddingBag",
+        "LayerNorm",
+        "GroupNorm",
+        "RMSNorm",
+        "Identity",
+        "Flatten",
+        "Unflatten",
+        "ReLU",
+        "ReLU6",
+        "LeakyReLU",
+        "PReLU",
+        "ELU",
+        "SELU",
+        "CELU",
+        "GELU",
+        "SiLU",
+        "Mish",
+        "Sigmoid",
+        "Tanh",
+        "Softplus",
+        "Softsign",
+        "Hardtanh",
+        "Hardswish",
+        "Hardsigmoid",
+        "Softmax",
+        "LogSoftmax",
+        "Softmax2d",
+        "MaxPool1d",
+        "MaxPool2d",
+        "MaxPool3d",
+        "AvgPool1d",
+        "AvgPool2d",
+        "AvgPool3d",
+        "AdaptiveAvgPool1d",
+        "AdaptiveAvgPool2d",
+        "AdaptiveAvgPool3d",
+        "AdaptiveMaxPool1d",
+        "AdaptiveMaxPool2d",
+        "AdaptiveMaxPool3d",
+        "Upsample",
+        "PixelShuffle",
+        "ZeroPad2d",
+        "ConstantPad2d",
+        "ReflectionPad2d",
+        "ReplicationPad2d",
+    }
+)
+# Recurrent layers: mode-free unless built with dropout between their layers.
+RECURRENT = frozenset({"RNN", "LSTM", "GRU"})
+# Containers: as sensitive as what they hold.
+CONTAINERS = frozenset({"Sequential", "ModuleList", "ModuleDict"})
+MAX_DEPTH = 4
+
+
+def mode_sensitive(facts: Facts, expr: ast.AST | None) -> bool:
+    """True unless every layer of the model `expr` names is known to ignore the mode."""
+    kind = facts.kind_of(expr)
+    if kind is None or kind.kind != "model" or not isinstance(kind.node, ast.Call):
+        return True
+    return _call_sensitive(facts, kind.node, 0) is not False
+
+
+def _call_sensitive(facts: Facts, call: ast.Call, depth: int) -> bool | None:
+    """Whether the module built by `call` depends on the mode; None when it cannot be told."""
+    if depth > MAX_DEPTH:
+        return None
+    qualname = facts.call_qualname(call) or ""
+    if qualname.startswith("torch.nn.") and qualname.count(".") == 2:
+        short = qualname.rsplit(".", 1)[1]
+        if short in MODE_FREE or short == "Parameter":
+            return False
+        if short in RECURRENT:
+            return _recurrent_dropout(call)
+        if short in CONTAINERS:
+            return _any_sensitive(facts, _held_modules(call), depth)
+        return None  # dropout, batch-norm, transformer layers, or a layer we do not list
+    if facts.returns_receiver(call):
+        receiver = facts.receiver(call)  # `Net().to(device)` is `Net()`
+        if isinstance(receiver, ast.Call):
+            return _call_sensitive(facts, receiver, depth + 1)
+        value = facts.binding_value(receiver) if receiver is not None else None
+        return _call_sensitive(facts, value, depth + 1) if isinstance(value, ast.Call) else None
+    found = facts.module_class_of_call(call)
+    if found is None:
+        return False if _not_a_module(facts, call, qualname) else None
+    owner, info = found
+    return _class_sensitive(owner, info, depth + 1)
+
+
+def _not_a_module(facts: Facts, call: ast.Call, qualname: str) -> bool:
+    """`self.scale = math.sqrt(d)`, `nn.Parameter(torch.zeros(n))`, `int(size)`: values that
+    are not layers and so carry no mode."""
+    if qualname in ("torch.nn.Parameter", "torch.nn.parameter.Parameter"):
+        return True
+    if qualname.startswith(("math.", "numpy.")) or (
+        qualname.startswith("torch.") and not qualname.startswith("torch.nn.")
+    ):
+        return True
+    func = call.func
+    return (
+        isinstance(func, ast.Name)
+        and not qualname
+        and func.id not in facts.bound_names
+        and func.id in BUILTIN_VALUES
+    )
+
+
+BUILTIN_VALUES = frozenset(
+    {"int", "float", "bool", "str", "len", "range", "list", "dict", "tuple", "set", "max", "min"}
+)
+
+
+def _class_sensitive(facts: Facts, info: ClassInfo, depth: int) -> bool | None:
+    for base in info.bases:
+        if base in ("torch.nn.Module", "torch.nn.modules.module.Module") or base.endswith(
+            "nn.Module"
+        ):
+            continue
+        base_info = facts.classes.get(base)
+        if base_info is None:
+            return None  # a base class out of sight may add layers
+        inherited = _class_sensitive(facts, base_info, depth + 1)
+        if inherited is not False:
+            return inherited
+    for node in ast.walk(info.node):
+        if isinstance(node, ast.Attribute) and node.attr == "training":
+            return True  # reads the mode itself (`F.dropout(x, training=self.training)`)
+        if isinstance(node, ast.Call):
+            qualname = facts.call_qualname(node) or ""
+            if qualname.startswith("torch.nn.functional.") and (
+                "dropout" in qualname or "batch_norm" in qualname
+            ):
+                return True
+    verdicts = []
+    for values in info.attributes.values():
+        for value in values:
+            if isinstance(value, ast.Call):
+                verdicts.append(_call_sensitive(facts, value, depth))
+            elif isinstance(value, (ast.List, ast.Tuple)):
+                verdicts.append(_any_sensitive(facts, value.elts, depth))
+    if True in verdicts:
+        return True
+    if None in verdicts:
+        return None
+    return False
+
+
+def _held_modules(call: ast.Call) -> list[ast.expr]:
+    held: list[ast.expr] = list(call.args)
+    for argument in call.args:
+        if isinstance(argument, (ast.List, ast.Tuple)):
+            held.extend(argument.elts)
+    return held
+
+
+def _any_sensitive(facts: Facts, modules: list[ast.expr], depth: int) -> bool | None:
+    verdicts = []
+    for module in modules:
+        if isinstance(module, (ast.List, ast.Tuple)):
+            continue  # its elements were added by the caller
+        if isinstance(module, ast.Starred) or not isinstance(module, ast.Call):
+            return None  # `Sequential(*layers)`, a name: what it holds is out of sight
+        verdicts.append(_call_sensitive(facts, module, depth + 1))
+    if True in verdicts:
+        return True
+    if None in verdicts:
+        return None
+    return False
+
+
+def _recurrent_dropout(call: ast.Call) -> bool | None:
+    for keyword in call.keywords:
+        if keyword.arg == "dropout":
+            if isinstance(keyword.value, ast.Constant) and isinstance(
+                keyword.value.value, (int, float)
+            ):
+                return keyword.value.value > 0
+            return None
+    if len(call.args) > 5:
+        return None  # dropout passed by position
+    return False
