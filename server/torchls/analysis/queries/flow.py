@@ -24,6 +24,10 @@ from torchls.analysis.queries.vocabulary import (
     loader_role,
 )
 
+# Decorators whose effect on gradients is known (none, or the grad-disabling ones).
+_PLAIN_DECORATORS = frozenset({"staticmethod", "classmethod", "property"})
+_KNOWN_DECORATOR_MODULES = ("torch.", "functools.", "abc.", "typing.", "contextlib.")
+
 # Where walking up from a node stops: its function, lambda, class or module.
 _SCOPE_TYPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.Module)
 
@@ -85,6 +89,22 @@ class FlowQueries:
             target = decorator.func if isinstance(decorator, ast.Call) else decorator
             if (self.qualname(target) or "") in GRAD_DISABLING:
                 return True
+        return False
+
+    def under_unknown_decorator(self, node: ast.AST) -> bool:
+        """Some function around `node` has a decorator we cannot read (a project's
+        `@smart_inference_mode()`, a library's wrapper): it may disable gradients itself."""
+        current = self.parents.get(node)
+        while current is not None:
+            if isinstance(current, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for decorator in current.decorator_list:
+                    target = decorator.func if isinstance(decorator, ast.Call) else decorator
+                    qualname = self.qualname(target) or ""
+                    if isinstance(target, ast.Name) and target.id in _PLAIN_DECORATORS:
+                        continue
+                    if not qualname.startswith(_KNOWN_DECORATOR_MODULES):
+                        return True
+            current = self.parents.get(current)
         return False
 
     def _in_no_grad_block(self, node: ast.AST) -> bool:

@@ -285,7 +285,9 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
     An evaluation loop that put the model in `eval()` mode but runs it outside
-    `torch.no_grad()` / `torch.inference_mode()` (or a function decorated with them).
+    `torch.no_grad()` / `torch.inference_mode()` (or a function decorated with them). A
+    function under a decorator we cannot read (a project's own `@inference_decorator()`)
+    may disable gradients itself and is not reported.
 
     ## Why it is wrong
     `eval()` only changes how layers behave; it does not stop autograd. Every forward pass
@@ -306,7 +308,7 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
     for call, context, key, modes in _model_calls_in_eval(facts):
         if not modes or any(fact.mode != "eval" for fact in modes):
             continue
-        if facts.in_no_grad(call):
+        if facts.in_no_grad(call) or facts.under_unknown_decorator(call):
             continue
         yield Hit(
             call,
