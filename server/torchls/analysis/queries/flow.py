@@ -517,6 +517,13 @@ def _guard_of(
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         test, negated = test.operand, True
     positive = in_body != negated  # the call runs where the test (without `not`) is true
+    if isinstance(test, ast.Name) and facts.parameter_of(test) is not function:  # type: ignore[attr-defined]
+        # `is_train = optimizer is not None` once at the top, then `if is_train:`.
+        bound = facts.assignments_of(test.id, function)  # type: ignore[attr-defined]
+        if len(bound) == 1 and bound[0].value is not None and bound[0].index is None:
+            if facts.parents.get(bound[0].stmt) is function:  # type: ignore[attr-defined]
+                return _guard_of(facts, function, bound[0].value, positive)
+        return None
     name: ast.expr | None = None
     guard: tuple[str, object] | None = None
     if isinstance(test, ast.Name):

@@ -397,6 +397,10 @@ class ValueQueries:
             if isinstance(node, ast.Call):
                 if self.method_name(node) in DETACHING_METHODS:
                     continue
+                if (self.call_qualname(node) or "") in FRESH_LIKE and not any(
+                    k.arg == "requires_grad" for k in node.keywords
+                ):
+                    continue  # `torch.rand_like(out)`: a new leaf with `out`'s shape only
                 if self.returns_receiver(node) and self.constructs_module(node):
                     continue  # moving a module (`D.cuda()`): its parameters are leaves
                 func = node.func
@@ -454,4 +458,9 @@ PARALLEL_WRAPPERS = frozenset(
         "torch.nn.parallel.DistributedDataParallel",
         "torch.nn.parallel.distributed.DistributedDataParallel",
     }
+)
+
+# Factories that copy only a tensor's shape, dtype and device: the result has no graph.
+FRESH_LIKE = frozenset(
+    f"torch.{name}_like" for name in ("rand", "randn", "randint", "zeros", "ones", "full", "empty")
 )

@@ -120,9 +120,25 @@ def _only_on_some_ranks(facts: Facts, call: ast.Call) -> tuple[ast.AST, str] | N
     if _decorated_rank_zero(function):
         return function, "decorator"
     sites = facts.call_sites(function)
-    if sites and all(_rank_branch(facts, site) is not None for site in sites):
+    branches = [_rank_branch(facts, site) for site in sites]
+    if sites and all(b is not None for b in branches) and not _complementary(branches):
         return sites[0], "caller"
     return None
+
+
+def _complementary(branches: list[tuple[ast.If, str] | None]) -> bool:
+    """Some calls sit where a rank test is true and others where the same test is false
+    (`if not is_main: wait()` ... `if is_main: wait()`): every rank makes one of them."""
+    seen: dict[str, set[bool]] = {}
+    for branch in branches:
+        if branch is None:
+            continue
+        statement, name = branch
+        test, truth = statement.test, name == "body"
+        while isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            test, truth = test.operand, not truth
+        seen.setdefault(ast.dump(test), set()).add(truth)
+    return any(len(truths) == 2 for truths in seen.values())
 
 
 @rule(
@@ -140,7 +156,8 @@ def collective_in_rank_branch(facts: Facts) -> Iterator[Hit]:
     decorated `@rank_zero_only`, or in a helper only called from such branches; and a call
     made under such a branch of a helper (in this file or another) that reaches a collective,
     even when the helper is also called on every rank elsewhere. The "first process
-    downloads, the others wait" idiom (a barrier in each of two complementary branches),
+    downloads, the others wait" idiom (a barrier in each of two complementary branches, also
+    as a helper called under `if not is_main:` and again under `if is_main:`),
     collectives under non-rank conditions and collectives a parameter switches on
     (`if use_barrier:`) that the call leaves off are not reported.
 

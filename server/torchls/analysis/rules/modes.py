@@ -406,6 +406,8 @@ def train_mode_not_restored(facts: Facts) -> Iterator[Hit]:
             setter = fact.setter
             if setter is None or id(setter) in reported:
                 continue
+            if _guarded_apart(facts, setter, loops[0]):
+                continue  # `if phase == "train": ... else: model.eval()`: that path never trains
             reported.add(id(setter))
             key = facts.key(call.func) or "model"
             # At the top of the training loop's body: before the loop is not enough when the
@@ -438,6 +440,45 @@ def train_mode_not_restored(facts: Facts) -> Iterator[Hit]:
             )
 
 
+def _branch_test(facts: Facts, node: ast.AST, stop: ast.AST | None) -> tuple[ast.If, bool] | None:
+    """The nearest `if` around `node` (below `stop`) and whether its test is true there."""
+    child, current = node, facts.parents.get(node)
+    while current is not None and current is not stop:
+        if isinstance(current, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return None
+        if isinstance(current, ast.If):
+            if any(child is stmt for stmt in current.body):
+                return current, True
+            if any(child is stmt for stmt in current.orelse):
+                return current, False
+        child, current = current, facts.parents.get(current)
+    return None
+
+
+def _guarded_apart(facts: Facts, setter: ast.AST, loop: ast.AST) -> bool:
+    """The eval() and every training call of `loop` sit on opposite sides of the same test
+    of unchanged names: `if phase == "train": model.train() else: model.eval()`, then in
+    the loop `if phase == "train": loss.backward(); optimizer.step()`."""
+    guard = _branch_test(facts, setter, None)
+    if guard is None or facts.enclosing_function(setter) is not facts.enclosing_function(loop):
+        return False
+    branch, truth = guard
+    test = ast.dump(branch.test)
+    trainers = [call for call in facts.calls_in(loop) if facts.reaches(call, _trainer(facts))]
+    if not trainers:
+        return False
+    for call in trainers:
+        found = _branch_test(facts, call, loop)
+        if found is None or ast.dump(found[0].test) != test or found[1] == truth:
+            return False
+    scope = facts.scope(loop)
+    for name in {node.id for node in ast.walk(branch.test) if isinstance(node, ast.Name)}:
+        for assignment in facts.assignments_of(name, scope):  # type: ignore[arg-type]
+            if facts.is_inside(assignment.stmt, loop):
+                return False  # the test may change inside the loop
+    return True
+
+
 def _trains_forward(facts: Facts, loop: ast.AST, call: ast.Call) -> bool:
     """`call` is a forward pass whose graph a backward() in `loop` runs through."""
     cache = getattr(facts, "_training_forwards", None)
@@ -460,6 +501,15 @@ def _steps(facts: Facts) -> Iterator[tuple[ast.Call, ast.expr]]:
         optimizer = facts.optimizer_of_step(call)
         if optimizer is not None:
             yield call, optimizer
+
+
+def _other_framework(facts: Facts) -> bool:
+    """The file trains with another framework and never imports torch."""
+    modules = {target.split(".")[0] for target in facts.imports.values()}
+    return "torch" not in modules and bool(modules & OTHER_FRAMEWORKS)
+
+
+OTHER_FRAMEWORKS = frozenset({"mxnet", "tensorflow", "jax", "flax", "paddle", "mindspore"})
 
 
 def _uncleared_steps(facts: Facts, loop: ast.AST) -> set[int]:
@@ -534,7 +584,8 @@ def missing_zero_grad(facts: Facts) -> Iterator[Hit]:
     autograd (`dist_autograd.backward(context_id, ...)` with a `DistributedOptimizer`) keeps
     gradients per context, not in `.grad`, and is not reported. With two optimizers in one
     loop (a GAN), an optimizer whose parameters no `zero_grad()` there clears is reported
-    too, when every clearing in the loop names a known optimizer or model.
+    too, when every clearing in the loop names a known optimizer or model. Files that train
+    with another framework and never import torch (MXNet's Gluon) are not checked.
 
     ## Why it is wrong
     `backward()` adds into `.grad`. Without clearing, step *k* uses the sum of all gradients so
@@ -554,6 +605,8 @@ def missing_zero_grad(facts: Facts) -> Iterator[Hit]:
     Call `optimizer.zero_grad(set_to_none=True)` at the start of each iteration. Offered as
     an unsafe fix (it changes training).
     """
+    if _other_framework(facts):
+        return  # MXNet's or TensorFlow's backward overwrites gradients: nothing to clear
     reported: set[int] = set()
     for step, optimizer in _steps(facts):
         loops = facts.enclosing_loops(step)
