@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
+from pathlib import Path
 
 from torchls.analysis.facts import Facts
 from torchls.analysis.findings import Fix
@@ -452,7 +453,10 @@ def load_without_map_location(facts: Facts) -> Iterator[Hit]:
 def load_weights_only_false(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
-    `torch.load(..., weights_only=False)`.
+    `torch.load(..., weights_only=False)` of a file that may come from elsewhere. Not
+    reported: a file or buffer this function wrote with `torch.save` just before (a round
+    trip), an in-memory buffer, a path inside a temporary folder (`tempfile`, pytest's
+    `tmp_path`/`tmpdir`), and test files loading what they produced.
 
     ## Why it is wrong
     With `weights_only=False` the file is unpickled with the full pickle machinery: a
@@ -469,16 +473,96 @@ def load_weights_only_false(facts: Facts) -> Iterator[Hit]:
     `torch.serialization.add_safe_globals([...])`. No automatic fix: the checkpoint's contents
     decide what is needed.
     """
+    test_file = _is_test_file(facts.filename)
     for call in facts.calls_to(*LOAD):
         keyword = _keyword(call, "weights_only")
         if keyword is None or not isinstance(keyword.value, ast.Constant):
             continue
-        if keyword.value.value is False:
+        if keyword.value.value is False and not test_file and not _written_here(facts, call):
             yield Hit(
                 keyword,
                 "`torch.load(weights_only=False)` unpickles arbitrary objects: loading an "
                 "untrusted file can run code",
             )
+
+
+def _split_load(facts: Facts, call: ast.Call, statement: ast.stmt) -> bool:
+    """Two partial loads into the same module one after the other (base weights, then the
+    adapter's): each one misses the other's keys by design."""
+    receiver = facts.key(facts.receiver(call))
+    parent = facts.parents.get(statement)
+    block = next(
+        (
+            getattr(parent, name)
+            for name in ("body", "orelse", "finalbody")
+            if any(item is statement for item in getattr(parent, name, None) or ())
+        ),
+        None,
+    )
+    if receiver is None or block is None:
+        return False
+    index = next(i for i, item in enumerate(block) if item is statement)
+    for neighbour in block[max(index - 1, 0) : index + 2]:
+        if neighbour is statement or not isinstance(neighbour, ast.Expr):
+            continue
+        other = neighbour.value
+        if (
+            isinstance(other, ast.Call)
+            and facts.method_name(other) == "load_state_dict"
+            and facts.key(facts.receiver(other)) == receiver
+            and any(
+                k.arg == "strict" and isinstance(k.value, ast.Constant) and k.value.value is False
+                for k in other.keywords
+            )
+        ):
+            return True
+    return False
+
+
+def _is_test_file(filename: str) -> bool:
+    """A pytest module (`test_*.py`, `*_test.py`): it loads what it produced itself."""
+    path = Path(filename)
+    return path.name.startswith("test_") or path.stem.endswith("_test")
+
+
+TEMP_FIXTURES = frozenset({"tmp_path", "tmpdir", "tmp_path_factory", "tmpdir_factory"})
+
+
+def _written_here(facts: Facts, load: ast.Call) -> bool:
+    """The loaded file is this code's own output: the same path or buffer was passed to
+    `torch.save` earlier in the function, it is an in-memory buffer, or it lies in a
+    temporary folder."""
+    if not load.args:
+        return False
+    source = load.args[0]
+    text = ast.dump(source)
+    scope = facts.scope(load)
+    for save in facts.calls_to(*SAVE):
+        if (
+            len(save.args) > 1
+            and facts.scope(save) is scope
+            and save.lineno <= load.lineno
+            and ast.dump(save.args[1]) == text
+        ):
+            return True  # a round trip
+    names = {n.id for n in ast.walk(source) if isinstance(n, ast.Name)}
+    if names & TEMP_FIXTURES:
+        return True
+    for name in names:
+        for node in _binding_values(facts, name, scope):
+            qualname = facts.call_qualname(node) if isinstance(node, ast.Call) else None
+            if qualname and qualname.startswith(("tempfile.", "io.BytesIO")):
+                return True
+    return False
+
+
+def _binding_values(facts: Facts, name: str, scope: ast.AST) -> list[ast.AST]:
+    """The values `name` is bound to in `scope` (and `with ... as name` context managers)."""
+    found: list[ast.AST] = []
+    for assignment in facts.assignments_of(name, scope):  # type: ignore[arg-type]
+        if assignment.value is not None:
+            found.extend(n for n in ast.walk(assignment.value) if isinstance(n, ast.Call))
+    return found
 
 
 def _state_dict_owner(facts: Facts, value: ast.expr) -> ast.expr | None:
@@ -805,9 +889,10 @@ def load_state_dict_not_strict_unchecked(facts: Facts) -> Iterator[Hit]:
     `model.load_state_dict(state, strict=False)` used as a statement, so the returned
     missing and unexpected keys are thrown away. Not reported when the keys were filtered to
     the model's own first (`{k: v for k, v in sd.items() if k in model.state_dict()}`), the
-    next statement reports on what was loaded (`print(f"loaded {len(state)} tensors")`), or
-    the code compared the checkpoint with all of the model's keys beforehand and logged what
-    differs.
+    next statement reports on what was loaded (`print(f"loaded {len(state)} tensors")`), the
+    code compared the checkpoint with all of the model's keys beforehand and logged what
+    differs, or two partial loads into the same module follow each other (base weights, then
+    an adapter's).
 
     ## Why it is wrong
     `strict=False` turns every key mismatch into silence. A renamed layer, a `module.` prefix
@@ -839,7 +924,7 @@ def load_state_dict_not_strict_unchecked(facts: Facts) -> Iterator[Hit]:
             _filtered_to_own_keys(facts, state) or _reported_after(facts, statement, state)
         ):
             continue
-        if _checked_against_model_before(facts, call):
+        if _checked_against_model_before(facts, call) or _split_load(facts, call, statement):
             continue
         yield Hit(
             call,

@@ -458,6 +458,31 @@ SOFTMAX_NEEDING_DIM = {
 }
 
 
+def _never_called(facts: Facts, constructor: ast.Call) -> bool:
+    """The module built by `constructor` is stored in `self.<name>` (or a name) that nothing
+    in its class or scope ever reads again."""
+    statement = facts.parents.get(constructor)
+    if not isinstance(statement, ast.Assign) or len(statement.targets) != 1:
+        return False
+    target = statement.targets[0]
+    if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name):
+        klass = facts.enclosing_class(constructor)
+        if klass is None or target.value.id != "self":
+            return False
+        reads = [
+            node
+            for node in ast.walk(klass)
+            if isinstance(node, ast.Attribute)
+            and node.attr == target.attr
+            and isinstance(node.ctx, ast.Load)
+        ]
+        # `getattr(self, name)` may read it under a computed name.
+        return not reads and not any(
+            isinstance(node, ast.Name) and node.id == "getattr" for node in ast.walk(klass)
+        )
+    return False
+
+
 @rule(
     "TL107",
     "softmax-without-dim",
@@ -469,7 +494,7 @@ def softmax_without_dim(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
     `F.softmax(x)`, `F.log_softmax(x)`, `nn.Softmax()` or `nn.LogSoftmax()` called without
-    `dim`.
+    `dim`. A module stored in `self.<name>` that its class never uses is not reported.
 
     ## Why it is wrong
     Without `dim`, PyTorch guesses: dim 0 for 0-, 1- and 3-dimensional inputs, dim 1 otherwise.
@@ -493,6 +518,8 @@ def softmax_without_dim(facts: Facts) -> Iterator[Hit]:
             continue
         if not is_module and not call.args:
             continue
+        if is_module and _never_called(facts, call):
+            continue  # `self.softmax = nn.Softmax()` that forward() never uses
         if is_module:
             position = facts.source.span(call).end
             edit_column = position.column - 1

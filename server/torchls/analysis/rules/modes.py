@@ -9,6 +9,7 @@ from torchls.analysis.facts import EVAL_FUNCTION_RE, Facts
 from torchls.analysis.findings import Fix
 from torchls.analysis.layers import mode_sensitive
 from torchls.analysis.modes import ModeAnalysis, analyse_modes
+from torchls.analysis.queries.vocabulary import _unwrap_iterable
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._edits import (
     delete_statement_line,
@@ -287,7 +288,8 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
     An evaluation loop that put the model in `eval()` mode but runs it outside
     `torch.no_grad()` / `torch.inference_mode()` (or a function decorated with them). A
     function under a decorator we cannot read (a project's own `@inference_decorator()`)
-    may disable gradients itself and is not reported.
+    may disable gradients itself and is not reported, nor is a loop that asks autograd for
+    gradients itself (an adversarial attack: `torch.autograd.grad`, `requires_grad = True`).
 
     ## Why it is wrong
     `eval()` only changes how layers behave; it does not stop autograd. Every forward pass
@@ -310,12 +312,31 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
             continue
         if facts.in_no_grad(call) or facts.under_unknown_decorator(call):
             continue
+        if _needs_gradients(facts, context):
+            continue  # an attack or a saliency map: the loop asks autograd for gradients
         yield Hit(
             call,
             f"`{key}` runs in an evaluation loop with gradients enabled; wrap the loop in "
             "`torch.no_grad()` or `torch.inference_mode()`",
             _wrap_in_no_grad(facts, context),
         )
+
+
+def _needs_gradients(facts: Facts, loop: ast.AST) -> bool:
+    """The loop computes gradients itself (`torch.autograd.grad(...)`, `x.requires_grad =
+    True`, `x.requires_grad_()`): no_grad would break it."""
+    for node in ast.walk(loop):
+        if isinstance(node, ast.Call):
+            qualname = facts.call_qualname(node) or ""
+            if qualname in ("torch.autograd.grad", "torch.autograd.functional.jacobian"):
+                return True
+            if facts.method_name(node) == "requires_grad_":
+                return True
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Attribute) and t.attr == "requires_grad" for t in node.targets
+        ):
+            return True
+    return False
 
 
 def _wrap_in_no_grad(facts: Facts, loop: ast.AST) -> Fix | None:
@@ -880,20 +901,50 @@ def _holds_graph(
 
 
 def _feeds_backward(facts: Facts, scope: ast.AST, accumulator: str) -> bool:
-    """True if the accumulator is (part of) something that gets backward()-ed."""
+    """True if the accumulator is (part of) something that gets backward()-ed: through
+    assignments (`loss = losses[i]`), loops over it (`for opt, loss in zip(opts, losses)`)
+    and `accelerator.backward(loss)`-style calls that take it as an argument."""
     derived = {accumulator}
+
+    def mentions(expr: ast.AST) -> bool:
+        return any(isinstance(n, ast.Name) and n.id in derived for n in ast.walk(expr))
+
     for node in facts.walk_local(scope):
-        if isinstance(node, ast.Assign) and any(
-            isinstance(n, ast.Name) and n.id in derived for n in ast.walk(node.value)
-        ):
-            derived.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        if isinstance(node, ast.Assign) and mentions(node.value):
+            for target in node.targets:
+                derived.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.For, ast.AsyncFor)) and mentions(node.iter):
+            derived.update(n.id for n in ast.walk(node.target) if isinstance(n, ast.Name))
     for node in facts.walk_local(scope):
         if isinstance(node, ast.Call) and facts.is_backward(node):
-            subject = facts.receiver(node) or (node.args[0] if node.args else None)
-            if subject is not None and any(
-                isinstance(n, ast.Name) and n.id in derived for n in ast.walk(subject)
-            ):
+            subjects = [facts.receiver(node), *node.args]
+            if any(subject is not None and mentions(subject) for subject in subjects):
                 return True
+    return False
+
+
+def _over_a_built_loader(facts: Facts, loop: ast.AST) -> bool:
+    """`for batch in loader:` where the loader's construction is in sight (a name that only
+    sounds like one, `minibatches`, may be a handful of per-domain batches of one step)."""
+    if not isinstance(loop, (ast.For, ast.AsyncFor)):
+        return False
+    iterable = _unwrap_iterable(loop.iter)
+    kind = facts.kind_of(iterable) if iterable is not None else None
+    return kind is not None and kind.kind == "loader" and not kind.by_name
+
+
+def _outlives_a_step(facts: Facts, loops: list, assignments: list) -> bool:
+    """Some loop around the accumulation trains or iterates data once per iteration (a
+    step or batch loop) and the accumulator is created outside it, so it lives across steps.
+    A list rebuilt every batch, or a loop over layers or classifiers, keeps nothing alive."""
+    for loop in loops:
+        steps = facts.node_reaches(loop, facts.is_backward) or any(
+            facts.backwards_in_other_file(call) for call in facts.calls_in(loop)
+        )
+        if not steps and not _over_a_built_loader(facts, loop):
+            continue
+        if not any(facts.is_inside(a.stmt, loop) for a in assignments):
+            return True
     return False
 
 
@@ -979,7 +1030,7 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
             if loss is None or not loops or facts.in_no_grad(node):
                 continue
             assignments = facts.assignments_of(accumulator, scope)  # type: ignore[arg-type]
-            if not assignments or any(facts.is_inside(a.stmt, loops[0]) for a in assignments):
+            if not assignments or not _outlives_a_step(facts, loops, assignments):
                 continue
             if how == "+=" and accumulator in loss_names:
                 continue

@@ -167,7 +167,7 @@ def batch_not_moved_to_device(facts: Facts) -> Iterator[Hit]:
         reported: set[str] = set()
         for call in facts.calls_in(loop):
             key = facts.key(call.func)
-            if key not in moved:
+            if key not in moved or not _same_object_in_sight(facts, moved, call, loop, key):
                 continue
             for argument in call.args:
                 if not isinstance(argument, ast.Name) or argument.id not in targets:
@@ -185,6 +185,34 @@ def batch_not_moved_to_device(facts: Facts) -> Iterator[Hit]:
                     f"`{argument.id}` comes from the data loader and is passed to `{key}`, which "
                     f"was moved to a device on line {moved[key].lineno}, without `.to(device)`",
                 )
+
+
+def _same_object_in_sight(
+    facts: Facts, moved: dict[str, ast.Call], call: ast.Call, loop: ast.AST, key: str
+) -> bool:
+    """The moved model is the one the loop calls: moved in the loop's own function or at
+    module level, (for `self.model`) in a method of the same class, or passed in by every
+    caller as a model moved where it is called. A `model` moved in another function is
+    another local of the same name."""
+    move = moved[key]
+    move_scope, loop_scope = facts.scope(move), facts.scope(loop)
+    if move_scope is loop_scope or move_scope is facts.tree:
+        return True
+    if key.startswith("self."):
+        return facts.enclosing_class(move) is facts.enclosing_class(loop)
+    if not isinstance(call.func, ast.Name):
+        return False
+    arguments = facts.parameter_arguments(call.func)
+    if not arguments:
+        return False
+    for argument in arguments:
+        passed = facts.key(argument)
+        if passed not in moved or facts.scope(moved[passed]) not in (
+            facts.scope(argument),
+            facts.tree,
+        ):
+            return False
+    return True
 
 
 LOG_FUNCTIONS = {"torch.log"}
