@@ -289,7 +289,8 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
     `torch.no_grad()` / `torch.inference_mode()` (or a function decorated with them). A
     function under a decorator we cannot read (a project's own `@inference_decorator()`)
     may disable gradients itself and is not reported, nor is a loop that asks autograd for
-    gradients itself (an adversarial attack: `torch.autograd.grad`, `requires_grad = True`).
+    gradients itself (an adversarial attack: `torch.autograd.grad`, `requires_grad = True`,
+    an attack object from advertorch, torchattacks, foolbox or ART).
 
     ## Why it is wrong
     `eval()` only changes how layers behave; it does not stop autograd. Every forward pass
@@ -325,11 +326,16 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
 def _needs_gradients(facts: Facts, loop: ast.AST) -> bool:
     """The loop computes gradients itself (`torch.autograd.grad(...)`, `x.requires_grad =
     True`, `x.requires_grad_()`): no_grad would break it."""
+    attackers = _attack_objects(facts)
     for node in ast.walk(loop):
         if isinstance(node, ast.Call):
             qualname = facts.call_qualname(node) or ""
             if qualname in ("torch.autograd.grad", "torch.autograd.functional.jacobian"):
                 return True
+            if qualname.split(".")[0] in ATTACK_LIBRARIES:
+                return True  # `torchattacks.PGD(model)(images, labels)` runs backward itself
+            if facts.key(facts.receiver(node)) in attackers:
+                return True  # `adversary.perturb(x, y)` of an attack built from such a library
             if facts.method_name(node) == "requires_grad_":
                 return True
         if isinstance(node, ast.Assign) and any(
@@ -337,6 +343,24 @@ def _needs_gradients(facts: Facts, loop: ast.AST) -> bool:
         ):
             return True
     return False
+
+
+# Adversarial-attack libraries: their attacks need autograd through the model.
+ATTACK_LIBRARIES = frozenset({"advertorch", "torchattacks", "foolbox", "art", "cleverhans"})
+
+
+def _attack_objects(facts: Facts) -> set[str]:
+    """Names bound to an object built by an attack library (`adversary = LinfPGDAttack(...)`)."""
+    found: set[str] = set()
+    for table in facts.assignments.values():
+        for name, bindings in table.items():
+            for binding in bindings:
+                value = binding.value
+                if isinstance(value, ast.Call):
+                    root = (facts.call_qualname(value) or "").split(".")[0]
+                    if root in ATTACK_LIBRARIES:
+                        found.add(name)
+    return found
 
 
 def _wrap_in_no_grad(facts: Facts, loop: ast.AST) -> Fix | None:
@@ -538,6 +562,13 @@ def _uncleared_steps(facts: Facts, loop: ast.AST) -> set[int]:
     clears, when every clearing there is a direct `zero_grad()` on a known optimizer or model
     and every stepped optimizer's parameters are known (`optimizer_D.step()` where only
     `optimizer_G.zero_grad()` runs). Empty as soon as anything cannot be told."""
+    stepped = {
+        facts.key(optimizer)
+        for call in facts.calls_in(loop)
+        if (optimizer := facts.optimizer_of_step(call)) is not None
+    }
+    if len(stepped) < 2:
+        return set()  # one optimizer: the loop-wide check above already covers it
     if any(facts.clears_gradients(node) for node in ast.walk(loop)):
         return set()  # `p.grad = None`: which parameters is not tracked
     cleared: list[set[str]] = []
