@@ -548,6 +548,37 @@ def _steps(facts: Facts) -> Iterator[tuple[ast.Call, ast.expr]]:
             yield call, optimizer
 
 
+def _privacy_wrapped(facts: Facts) -> set[str]:
+    """Optimizers handed to an Opacus privacy engine (`engine.attach(optimizer)`,
+    `engine.make_private(optimizer=...)`): its step rebuilds `.grad` from per-sample
+    gradients each time, so stale gradients never reach the update."""
+    engines = set()
+    for table in facts.assignments.values():
+        for name, bindings in table.items():
+            if any(
+                isinstance(b.value, ast.Call)
+                and (facts.call_qualname(b.value) or "").startswith("opacus.")
+                for b in bindings
+            ):
+                engines.add(name)
+    for info in facts.classes.values():
+        for attribute, values in info.attributes.items():
+            if any(
+                isinstance(v, ast.Call) and (facts.call_qualname(v) or "").startswith("opacus.")
+                for v in values
+            ):
+                engines.add(f"self.{attribute}")
+    found: set[str] = set()
+    for call in facts.calls:
+        receiver = facts.key(facts.receiver(call))
+        if receiver in engines or (facts.call_qualname(call) or "").startswith("opacus."):
+            for argument in [*call.args, *(k.value for k in call.keywords)]:
+                key = facts.key(argument)
+                if key is not None:
+                    found.add(key)
+    return found
+
+
 def _other_framework(facts: Facts) -> bool:
     """The file trains with another framework and never imports torch."""
     modules = {target.split(".")[0] for target in facts.imports.values()}
@@ -637,7 +668,8 @@ def missing_zero_grad(facts: Facts) -> Iterator[Hit]:
     gradients per context, not in `.grad`, and is not reported. With two optimizers in one
     loop (a GAN), an optimizer whose parameters no `zero_grad()` there clears is reported
     too, when every clearing in the loop names a known optimizer or model. Files that train
-    with another framework and never import torch (MXNet's Gluon) are not checked.
+    with another framework and never import torch (MXNet's Gluon) are not checked, nor are
+    optimizers handed to an Opacus privacy engine (its step rebuilds `.grad` itself).
 
     ## Why it is wrong
     `backward()` adds into `.grad`. Without clearing, step *k* uses the sum of all gradients so
@@ -660,9 +692,10 @@ def missing_zero_grad(facts: Facts) -> Iterator[Hit]:
     if _other_framework(facts):
         return  # MXNet's or TensorFlow's backward overwrites gradients: nothing to clear
     reported: set[int] = set()
+    private = _privacy_wrapped(facts)
     for step, optimizer in _steps(facts):
         loops = facts.enclosing_loops(step)
-        if not loops:
+        if not loops or facts.key(optimizer) in private:
             continue
         loop = loops[0]
         if id(loop) in reported or not facts.node_reaches(loop, facts.accumulates_grad):
