@@ -352,6 +352,8 @@ ATTACK_LIBRARIES = frozenset({"advertorch", "torchattacks", "foolbox", "art", "c
 def _attack_objects(facts: Facts) -> set[str]:
     """Names bound to an object built by an attack library (`adversary = LinfPGDAttack(...)`)."""
     found: set[str] = set()
+    if not any(t.split(".")[0] in ATTACK_LIBRARIES for t in facts.imports.values()):
+        return found
     for table in facts.assignments.values():
         for name, bindings in table.items():
             for binding in bindings:
@@ -552,6 +554,8 @@ def _privacy_wrapped(facts: Facts) -> set[str]:
     """Optimizers handed to an Opacus privacy engine (`engine.attach(optimizer)`,
     `engine.make_private(optimizer=...)`): its step rebuilds `.grad` from per-sample
     gradients each time, so stale gradients never reach the update."""
+    if not any(target.startswith("opacus") for target in facts.imports.values()):
+        return set()
     engines = set()
     for table in facts.assignments.values():
         for name, bindings in table.items():
