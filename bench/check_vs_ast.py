@@ -1,14 +1,31 @@
 """Benchmark: `torchls check` analysis time against a bare `ast.parse` of the same files.
 
-Prints the corpus size, the median of several runs for each, and the ratio (target: <= 3x the
-parse floor). Also times the real CLI end to end (process start included). No assertions.
-Usage: python bench/check_vs_ast.py [--files 40] [--repeat 5]
+Generated corpus (always): prints the corpus size, the median of several runs for each, and
+the ratio of the in-process `analyze()` to `ast.parse` (target: <= 3x the parse floor). Also
+times the real CLI end to end (process start included).
+
+Real corpus (when the fetched snapshots are on this machine; `bench/real_corpus.py` rebuilds
+the manifest's clean files under ~/.cache/torchls-corpus; skipped otherwise, or with
+`--no-real`): the same files checked the way users check them, one project (repository) at a
+time with its root as the project root, so imports of project modules are followed. The floor
+there is reading each file plus `ast.parse` and a full `ast.walk`. Measured in the same run,
+each with its ratio to that floor: in-process `analyze()` without a project (in-file only);
+in-process `check_paths` (cross-file on) serial and parallel without the cache, with a cold
+cache and with a warm one; the whole `torchls check` CLI per repository (process start
+included), cold and warm cache, `--jobs 1` and one job per core; and TorchFix on the same files
+(when it is installed in this environment), side by side. Every ratio compares figures of
+this run: the machine may be shared, so repeat the run before reading much into one figure.
+No assertions.
+Usage: python bench/check_vs_ast.py [--files 40] [--repeat 5] [--real-repeat 1] [--no-real]
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -19,8 +36,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from corpus import write_corpus
+from real_corpus import DEFAULT_MANIFEST, materialise
 
 from torchls.analysis import analyze
+from torchls.checker import CheckOptions, ConfigResolver, check_paths
+
+VENV_BIN = Path(sys.executable).parent
 
 
 def median_seconds(action, repeat: int) -> float:
@@ -36,6 +57,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--files", type=int, default=40)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--real-repeat", type=int, default=1, help="runs per real-corpus figure")
+    parser.add_argument("--no-real", action="store_true", help="skip the real corpus")
     options = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         paths = write_corpus(Path(folder), options.files)
@@ -64,6 +87,174 @@ def main() -> None:
         print(f"torchls analysis:  {check * 1000:8.1f} ms  ({lines / check:,.0f} lines/s)")
         print(f"ratio analysis / ast.parse: {check / parse:.2f}x (target <= 3x)")
         print(f"torchls check CLI end to end (process start included): {cli * 1000:.0f} ms")
+    if not options.no_real:
+        real_corpus(options.real_repeat)
+
+
+# --- the real corpus ---------------------------------------------------------------------------
+
+
+def real_projects() -> list[tuple[Path, list[Path]]]:
+    """(repository root, its clean corpus files) for every snapshot present here."""
+    if not DEFAULT_MANIFEST.is_file():
+        return []
+    manifest = json.loads(DEFAULT_MANIFEST.read_text(encoding="utf-8"))
+    entries = manifest["entries"] if isinstance(manifest, dict) else manifest
+    groups: dict[tuple[str, str], list[str]] = {}
+    for entry in entries:
+        if entry["kind"] == "clean":
+            groups.setdefault((entry["repo"], entry["commit"]), []).append(entry["path"])
+    projects = []
+    for (repo, commit), paths in sorted(groups.items()):
+        root = materialise(repo, commit)
+        if root is not None:
+            files = [root / path for path in paths if (root / path).is_file()]
+            if files:
+                projects.append((root, files))
+    return projects
+
+
+def floor(paths: list[Path]) -> int:
+    """Read, parse and walk each file (what any analysis must at least do); syntax errors."""
+    broken = 0
+    for path in paths:
+        data = path.read_bytes()
+        try:
+            for _node in ast.walk(ast.parse(data)):
+                pass
+        except (SyntaxError, ValueError):
+            broken += 1
+    return broken
+
+
+def check_in_process(
+    projects: list[tuple[Path, list[Path]]], jobs: int, cache: Path | None
+) -> list[tuple[str, str, int]]:
+    found = []
+    for root, files in projects:
+        options = CheckOptions(
+            root=root,
+            jobs=jobs,
+            cache=cache is not None,
+            cache_dir=cache / root.parent.name / root.name if cache is not None else None,
+            config=root / "pyproject.toml",
+        )
+        for report in check_paths(files, ConfigResolver(root / "pyproject.toml"), options):
+            found.extend((report.filename, f.code, f.span.start.row) for f in report.findings)
+    return found
+
+
+def run_per_project(projects: list[tuple[Path, list[Path]]], command: list[str]) -> int:
+    """Run `command + files` in each repository; the number of output lines in all."""
+    lines = 0
+    for root, files in projects:
+        done = subprocess.run(
+            [*command, *(str(f.relative_to(root)) for f in files)],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        lines += len(done.stdout.splitlines())
+    return lines
+
+
+def timed(action) -> tuple[float, object]:
+    start = time.perf_counter()
+    value = action()
+    return time.perf_counter() - start, value
+
+
+def real_corpus(repeat: int) -> None:
+    projects = real_projects()
+    if not projects:
+        print("\nreal corpus: not present on this machine (see bench/real_corpus.py); skipped")
+        return
+    paths = [path for _, files in projects for path in files]
+    lines = sum(path.read_bytes().count(b"\n") for path in paths)
+    cores = os.cpu_count() or 1
+    print(
+        f"\nreal corpus: {len(paths)} files from {len(projects)} repositories, {lines} lines; "
+        f"{cores} cores; medians of {repeat} run(s) unless said"
+    )
+    figures: dict[str, float] = {}
+
+    def measure(name: str, action, runs: int = repeat) -> object:
+        times, value = [], None
+        for _ in range(max(1, runs)):
+            seconds, value = timed(action)
+            times.append(seconds)
+        figures[name] = statistics.median(times)
+        return value
+
+    broken = measure("floor", lambda: floor(paths), max(3, repeat))
+    sources = [(path, path.read_bytes()) for path in paths]
+    measure("in-file", lambda: [analyze(data, str(path)) for path, data in sources])
+    reference = measure("serial", lambda: check_in_process(projects, 1, None))
+    parallel = measure("parallel", lambda: check_in_process(projects, cores, None))
+    scratch = Path(tempfile.mkdtemp(prefix="torchls-bench-cache-"))
+    try:
+        cold_times, warm_times = [], []
+        for attempt in range(max(1, repeat)):
+            folder = scratch / f"in-process-{attempt}"
+            seconds, cold = timed(lambda folder=folder: check_in_process(projects, 1, folder))
+            cold_times.append(seconds)
+            seconds, warm = timed(lambda folder=folder: check_in_process(projects, 1, folder))
+            warm_times.append(seconds)
+        figures["cold"] = statistics.median(cold_times)
+        figures["warm"] = statistics.median(warm_times)
+        same = reference == parallel == cold == warm
+        torchls = [str(VENV_BIN / "torchls"), "check", "--exit-zero", "--output-format", "json"]
+        start = [sys.executable, "-c", "import torchls.cli"]
+        measure("process start", lambda: run_per_project(projects, start))
+        for jobs in (1, cores):
+            folder = scratch / f"cli-{jobs}"
+            flags = ["--jobs", str(jobs), "--cache-dir", str(folder)]
+            measure(
+                f"cli cold -j{jobs}",
+                lambda flags=flags, folder=folder: _cold(projects, torchls + flags, folder),
+            )
+            measure(
+                f"cli warm -j{jobs}", lambda flags=flags: run_per_project(projects, torchls + flags)
+            )
+        torchfix = VENV_BIN / "torchfix"
+        if torchfix.is_file():
+            measure("torchfix", lambda: run_per_project(projects, [str(torchfix)]), 1)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    base = figures["floor"]
+
+    def row(name: str, label: str) -> None:
+        seconds = figures[name]
+        print(f"  {label:58} {seconds * 1000:9.0f} ms  {seconds / base:6.2f}x floor")
+
+    print(f"  (files with a syntax error the floor skips: {broken})")
+    row("floor", "floor: read + ast.parse + ast.walk")
+    row("in-file", "analyze(), in-file only (no project), in-process")
+    row("serial", "check, cross-file, no cache, serial, in-process")
+    row("parallel", f"check, cross-file, no cache, {cores} workers, in-process")
+    row("cold", "check, cross-file, cold cache, serial, in-process")
+    row("warm", "check, cross-file, warm cache, serial, in-process")
+    row("process start", f"interpreter start + import, x{len(projects)} processes")
+    for jobs in (1, cores):
+        row(f"cli cold -j{jobs}", f"torchls check CLI, cold cache, --jobs {jobs}")
+        row(f"cli warm -j{jobs}", f"torchls check CLI, warm cache, --jobs {jobs}")
+    print(f"  findings identical serial/parallel/cold/warm: {same}")
+    if "torchfix" in figures:
+        row("torchfix", "TorchFix, same files, one process per repository")
+        fastest_cold = min(figures[f"cli cold -j{jobs}"] for jobs in (1, cores))
+        print(
+            f"  TorchFix / torchls CLI cold: {figures['torchfix'] / fastest_cold:.1f}x; "
+            f"TorchFix / torchls CLI warm: "
+            f"{figures['torchfix'] / min(figures[f'cli warm -j{j}'] for j in (1, cores)):.1f}x"
+        )
+    else:
+        print("  TorchFix: not installed in this environment (pip install torchfix); skipped")
+
+
+def _cold(projects: list[tuple[Path, list[Path]]], command: list[str], folder: Path) -> int:
+    shutil.rmtree(folder, ignore_errors=True)  # each repetition starts from an empty cache
+    return run_per_project(projects, command)
 
 
 if __name__ == "__main__":

@@ -8,17 +8,27 @@ plus the paths that did not exist. Printing is `torchls.output`'s job; the analy
 Folders are walked skipping tool folders, the config's `exclude` globs and, inside a git work
 tree, whatever git ignores (asked once per work tree with `git ls-files`; without git, or
 outside a work tree, nothing is filtered).
+
+Each file is read once; files whose result cache entry (`torchls.cache`) still holds are not
+analysed again, and the rest are analysed in this process or, when there are enough of them,
+in a pool of worker processes (one per core by default). Either way each file's report is the
+same and the reports come back in the order the files were found.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import io
+import multiprocessing
+import multiprocessing.context
 import os
+import signal
 import subprocess
 import tokenize
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
 from torchls.analysis import (
@@ -30,8 +40,11 @@ from torchls.analysis import (
     analyze,
 )
 from torchls.analysis.fix_engine import fix_until_stable
+from torchls.analysis.fixes import fixes_to_apply
 from torchls.analysis.selection import normalise_selectors
+from torchls.cache import CACHE_DIR_NAME, CachedReport, ResultCache, cache_folder
 from torchls.config import ConfigResolver, ProjectConfig
+from torchls.project import ProjectView, ReadGraph, ReadRecorder
 
 # ConfigResolver lives in torchls.config (the service the editor shares); re-exported here.
 __all__ = ["CheckOptions", "ConfigResolver", "FileReport", "check_paths", "check_stdin"]
@@ -55,6 +68,7 @@ SKIPPED_DIRS = frozenset(
         "build",
         "dist",
         "site-packages",
+        CACHE_DIR_NAME,
     }
 )
 STDIN = "-"
@@ -69,8 +83,15 @@ class CheckOptions:
     extend_select: tuple[str, ...] = ()
     fix: bool = False
     unsafe_fixes: bool = False
-    # Follows imported names into other project files; one per run so files are read once.
-    workspace: Workspace | None = None
+    # The project root: imported names are followed into the project's files below it
+    # (None: each file is analysed on its own).
+    root: Path | None = None
+    cache: bool = True  # the result cache (`--no-cache` turns it off)
+    cache_dir: Path | None = None  # default: `.torchls_cache` beside the nearest pyproject
+    config: Path | None = None  # `--config`, which also places the cache
+    # Worker processes: None, one per core when there is enough to analyse to pay for them;
+    # N, up to N (one per file at most); 1, none.
+    jobs: int | None = None
 
 
 @dataclass
@@ -312,88 +333,281 @@ def check_paths(
     options: CheckOptions,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[FileReport]:
-    """Check each file; `progress(done, total)` is called after each one when given."""
-    reports = []
-    for path in files:
-        reports.append(check_file(path, resolver, options))
+    """Check each file, in parallel when there are enough of them to pay for the workers;
+    the reports come back in the order of `files` whatever the number of workers.
+    `progress(done, total)` is called after each file when given.
+
+    Each file is read once here: its bytes and the rules in force for it are looked up in the
+    result cache (when `options.cache` is set), and only the misses are analysed."""
+    reports: list[FileReport | None] = [None] * len(files)
+    done = 0
+
+    def finished(index: int, report: FileReport) -> None:
+        nonlocal done
+        reports[index] = report
+        done += 1
         if progress is not None:
-            progress(len(reports), len(files))
-    return reports
+            progress(done, len(files))
+
+    cache = _open_cache(files, options)
+    jobs: list[_Job] = []
+    for index, path in enumerate(files):
+        report = FileReport(_display(path), _absolute(path))
+        try:
+            data = path.read_bytes()
+        except OSError as error:
+            report.error = _os_message(error)
+            finished(index, report)
+            continue
+        enabled = _enabled_codes(resolver.for_path(path), path, options)
+        cached = cache.lookup(path, data, enabled) if cache is not None else None
+        if cached is not None and not (options.fix and _fixable(cached, options.unsafe_fixes)):
+            _fill(report, cached)
+            finished(index, report)
+            continue
+        jobs.append(_Job(index, path, data, enabled))
+    outcomes = _run_jobs(jobs, options, lambda job, outcome: finished(job.index, outcome.report))
+    for job, outcome in zip(jobs, outcomes, strict=True):
+        if cache is not None and outcome.content is not None:
+            cache.store(
+                job.path, outcome.content, job.enabled, outcome.dependencies, outcome.cached()
+            )
+    if cache is not None:
+        cache.flush()
+    return [report for report in reports if report is not None]
 
 
 def check_file(path: Path, resolver: ConfigResolver, options: CheckOptions) -> FileReport:
-    report = FileReport(_display(path), _absolute(path))
-    try:
-        data = path.read_bytes()
-    except OSError as error:
-        report.error = _os_message(error)
-        return report
-    config = resolver.for_path(path)
-    new_text = _analyse_into(report, data, str(path), _enabled(config, path, options), options)
-    if new_text is not None:
-        try:
-            path.write_bytes(_encode_like(data, new_text))
-        except (OSError, UnicodeEncodeError, LookupError) as error:
-            report.error = f"cannot write the fixed file: {error}"
-    return report
+    """One file, in this process and without the cache."""
+    return check_paths([path], resolver, replace(options, cache=False, jobs=1))[0]
 
 
 def check_stdin(
     data: bytes, filename: str | None, resolver: ConfigResolver, options: CheckOptions
 ) -> FileReport:
-    """Check source read from stdin; with --fix the fixed text is kept for printing."""
+    """Check source read from stdin (never cached); with --fix the fixed text is kept for
+    printing."""
     named = Path(filename) if filename else None
     report = FileReport(_display(named) if named else STDIN, _absolute(named) if named else STDIN)
     config = resolver.for_path(named if named else Path.cwd())
-    enabled = _enabled(config, named, options)
-    new_text = _analyse_into(report, data, filename or "<stdin>", enabled, options)
+    enabled = _enabled_codes(config, named, options)
+    session = _Session.current(options)
+    new_text = session.analyse_into(report, data, filename or "<stdin>", enabled)
     if options.fix and report.error is None:
         report.fixed_text = new_text if new_text is not None else _decoded(data)
     return report
 
 
-def _enabled(
+def _enabled_codes(
     config: ProjectConfig, path: Path | None, options: CheckOptions
-) -> Callable[[str], bool]:
+) -> tuple[str, ...]:
+    """The codes of the rules in force for `path`: the effective configuration, which is also
+    what a cache entry is valid for."""
     selection = config.selection(options.select, options.ignore, options.extend_select)
     relative = config.relative(path) if path is not None else None
-    return lambda code: selection.enabled(code, relative)
+    return tuple(rule.code for rule in all_rules() if selection.enabled(rule.code, relative))
 
 
-def _analyse_into(
-    report: FileReport,
-    data: bytes,
-    filename: str,
-    enabled: Callable[[str], bool],
-    options: CheckOptions,
-) -> str | None:
-    """Fill `report` from the analysis; returns the fixed text when --fix changed anything."""
-    result = analyze(data, filename, enabled, workspace=options.workspace)
-    if result.error is not None:
-        report.error = result.error
+def _fixable(cached: CachedReport, unsafe: bool) -> bool:
+    """Whether `--fix` has something to apply to a file whose findings came from the cache."""
+    return cached.error is None and bool(fixes_to_apply(cached.findings, unsafe=unsafe))
+
+
+def _fill(report: FileReport, cached: CachedReport) -> None:
+    report.findings = list(cached.findings)
+    report.syntax_errors = list(cached.syntax_errors)
+    report.nothing_parsed = cached.nothing_parsed
+    report.error = cached.error
+
+
+def _open_cache(files: Sequence[Path], options: CheckOptions) -> ResultCache | None:
+    if not options.cache or not files:
         return None
-    _record_syntax(report, result)
-    if not options.fix:
-        report.findings = result.findings
-        return None
-    original = result.parsed.text if result.parsed is not None else ""
-    outcome = fix_until_stable(
-        original,
-        filename,
-        enabled,
-        unsafe=options.unsafe_fixes,
-        workspace=options.workspace,
-        result=result,
-    )
-    report.findings = outcome.result.findings
-    if outcome.refused is not None:
-        return None  # a file that does not parse is reported, never rewritten
-    report.fixed = outcome.fixed
-    if outcome.broken:
-        report.notes.append(
-            "a fix would have produced invalid code; those fixes were not applied (please report)"
+    folder = options.cache_dir or cache_folder(files, options.config)
+    return ResultCache.open(folder, options.root)
+
+
+# --- analysing, in this process or in workers ---------------------------------------------------
+
+# A worker costs an interpreter start, and its own picture of the project's other files (and
+# of jedi's, for the imports the index cannot place): below this much source per worker
+# (about 15,000 lines, a second or two of analysis) one process is faster.
+MIN_BYTES_PER_WORKER = 512 * 1024
+MIN_FILES_PER_WORKER = 4
+
+
+@dataclass(frozen=True)
+class _Job:
+    index: int
+    path: Path
+    data: bytes
+    enabled: tuple[str, ...]
+
+
+@dataclass
+class _Done:
+    report: FileReport
+    content: bytes | None = None  # what the report is the analysis of; None: do not cache
+    dependencies: dict[str, str] = field(default_factory=dict)
+
+    def cached(self) -> CachedReport:
+        report = self.report
+        return CachedReport(
+            list(report.findings), list(report.syntax_errors), report.nothing_parsed, report.error
         )
-    return outcome.text if outcome.text != original else None
+
+
+class _Session:
+    """What one process keeps while it checks files: the project as the analysis sees it
+    (other files' facts, cached per content) and a record of which of them it read."""
+
+    _current: _Session | None = None
+
+    def __init__(self, options: CheckOptions) -> None:
+        self.options = options
+        self.recorder = ReadRecorder()
+        self.workspace: Workspace | None = None
+        self.view: ProjectView | None = None
+        if options.root is not None:
+            self.workspace = Workspace(options.root, overlay=self.recorder)
+            self.view = ProjectView(self.workspace)
+
+    @classmethod
+    def current(cls, options: CheckOptions) -> _Session:
+        """This process's session for `options` (one per run; a new run gets a new one)."""
+        if cls._current is None or cls._current.options is not options:
+            cls._current = cls(options)
+        return cls._current
+
+    def run(self, job: _Job) -> _Done:
+        report = FileReport(_display(job.path), _absolute(job.path))
+        new_text = self.analyse_into(report, job.data, str(job.path), job.enabled)
+        content: bytes | None = job.data
+        if new_text is not None:
+            try:
+                content = _encode_like(job.data, new_text)
+                job.path.write_bytes(content)
+            except (OSError, UnicodeEncodeError, LookupError) as error:
+                report.error = f"cannot write the fixed file: {error}"
+                content = None
+        return _Done(report, content)
+
+    def run_batch(
+        self, jobs: Sequence[_Job], each: Callable[[_Job, _Done], None] | None = None
+    ) -> list[_Done]:
+        """Check `jobs` in order, then say which project files each one's result depends on
+        (one look at the workspace for the whole batch)."""
+        outcomes = []
+        for job in jobs:
+            outcome = _guarded(self, job)
+            outcomes.append(outcome)
+            if each is not None:
+                each(job, outcome)
+        if self.workspace is not None:
+            graph = ReadGraph(self.workspace, self.recorder)
+            for job, outcome in zip(jobs, outcomes, strict=True):
+                if outcome.content is not None:
+                    outcome.dependencies = graph.dependencies(job.path)
+        return outcomes
+
+    def analyse_into(
+        self, report: FileReport, data: bytes, filename: str, enabled: tuple[str, ...]
+    ) -> str | None:
+        """Fill `report` from the analysis; returns the fixed text when --fix changed
+        anything."""
+        options = self.options
+        codes = frozenset(enabled)
+        is_enabled = codes.__contains__
+        result = analyze(data, filename, is_enabled, workspace=self.view)
+        if result.error is not None:
+            report.error = result.error
+            return None
+        _record_syntax(report, result)
+        if not options.fix:
+            report.findings = result.findings
+            return None
+        original = result.parsed.text if result.parsed is not None else ""
+        outcome = fix_until_stable(
+            original,
+            filename,
+            is_enabled,
+            unsafe=options.unsafe_fixes,
+            workspace=self.view,  # type: ignore[arg-type]  # a view answers like a workspace
+            result=result,
+        )
+        report.findings = outcome.result.findings
+        if outcome.refused is not None:
+            return None  # a file that does not parse is reported, never rewritten
+        report.fixed = outcome.fixed
+        if outcome.broken:
+            report.notes.append(
+                "a fix would have produced invalid code; those fixes were not applied "
+                "(please report)"
+            )
+        return outcome.text if outcome.text != original else None
+
+
+def _run_jobs(
+    jobs: list[_Job], options: CheckOptions, each: Callable[[_Job, _Done], None]
+) -> list[_Done]:
+    """The outcome of each job, in order: in this process, or across a pool of workers;
+    `each(job, outcome)` as each one is known."""
+    if options.jobs is not None:
+        workers = min(options.jobs, len(jobs))  # asked for: as many as there are files
+    else:
+        size_of_work = sum(len(job.data) for job in jobs)
+        workers = min(
+            os.cpu_count() or 1,
+            len(jobs) // MIN_FILES_PER_WORKER,
+            size_of_work // MIN_BYTES_PER_WORKER,
+        )
+    if workers <= 1:
+        return _Session.current(options).run_batch(jobs, each)
+    # A few batches per worker: neighbours share imports (kept together, each worker builds
+    # its picture of their modules once) and a slow batch does not hold up the others.
+    size = max(1, -(-len(jobs) // (workers * 4)))
+    batches = [jobs[start : start + size] for start in range(0, len(jobs), size)]
+    outcomes: list[_Done] = []
+    try:
+        with ProcessPoolExecutor(
+            workers, mp_context=_pool_context(), initializer=_start_worker, initargs=(options,)
+        ) as pool:
+            for batch, done in zip(batches, pool.map(_work, batches), strict=True):
+                for job, outcome in zip(batch, done, strict=True):
+                    outcomes.append(outcome)
+                    each(job, outcome)
+    except BrokenProcessPool:
+        # A worker died (killed, out of memory): finish the rest here rather than lose them.
+        outcomes.extend(_Session.current(options).run_batch(jobs[len(outcomes) :], each))
+    return outcomes
+
+
+def _guarded(session: _Session, job: _Job) -> _Done:
+    try:
+        return session.run(job)
+    except Exception as error:  # one file's analysis bug must not cost the others
+        report = FileReport(_display(job.path), _absolute(job.path))
+        report.error = f"internal error: {type(error).__name__}: {error}"
+        return _Done(report)
+
+
+def _pool_context() -> multiprocessing.context.BaseContext:
+    """Workers are started fresh (spawn), never forked: a process that has used jedi holds its
+    helper subprocess and reader threads, and a forked child waits forever on their locks.
+    Starting costs one import of torchls per worker (tens of milliseconds)."""
+    return multiprocessing.get_context("spawn")
+
+
+def _start_worker(options: CheckOptions) -> None:
+    # Ctrl-C is the parent's to handle: it stops the pool; workers must not print tracebacks.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _Session._current = _Session(options)
+
+
+def _work(batch: list[_Job]) -> list[_Done]:
+    session = _Session._current
+    assert session is not None, "the worker initialiser always runs first"
+    return session.run_batch(batch)
 
 
 def _record_syntax(report: FileReport, result: AnalysisResult) -> None:

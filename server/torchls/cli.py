@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TextIO
 
 from torchls import __version__, inspect_cli, output, repro_cli
-from torchls.analysis import Rule, Workspace, all_rules, get_rule
+from torchls.analysis import Rule, all_rules, get_rule
 from torchls.analysis.registry import documented_rules, rule_by_name
 from torchls.checker import (
     CheckOptions,
@@ -85,7 +85,10 @@ def _add_check(commands: argparse._SubParsersAction) -> None:
         "check",
         help="check files or folders",
         description="Check Python files for PyTorch training bugs. "
-        "Exit status: 0 clean, 1 findings, 2 usage error or unreadable file.",
+        "Exit status: 0 clean, 1 findings, 2 usage error or unreadable file. "
+        "Files are analysed in parallel, and results are cached in .torchls_cache/ beside "
+        "the nearest pyproject.toml: an unchanged file whose imported project modules and "
+        "configuration are unchanged too is not analysed again.",
     )
     check.add_argument("paths", nargs="*", metavar="PATH", help="files or folders ('-' = stdin)")
     check.add_argument("--output-format", choices=OUTPUT_FORMATS, default="text")
@@ -109,9 +112,36 @@ def _add_check(commands: argparse._SubParsersAction) -> None:
     )
     check.add_argument("--statistics", action="store_true", help="show counts per rule")
     check.add_argument("--config", type=Path, metavar="PYPROJECT", help="use this pyproject.toml")
+    check.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="analyse every file, neither reading nor writing the result cache "
+        "(.torchls_cache/ beside the nearest pyproject.toml)",
+    )
+    check.add_argument(
+        "--cache-dir", type=Path, metavar="DIR", help="keep the result cache in DIR instead"
+    )
+    check.add_argument(
+        "--jobs",
+        "-j",
+        type=_positive_int,
+        metavar="N",
+        help="analyse in N worker processes (default: one per core when there is enough "
+        "to analyse, else none; 1: no workers)",
+    )
     check.add_argument("--stdin-filename", metavar="PATH", help="the name of the file on stdin")
     _add_color(check)
     check.set_defaults(handler=run_check)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
 
 
 def _add_rule(commands: argparse._SubParsersAction) -> None:
@@ -154,7 +184,11 @@ def run_check(args: argparse.Namespace) -> int:
         extend_select=_codes(args.extend_select) or (),
         fix=args.fix,
         unsafe_fixes=args.unsafe_fixes,
-        workspace=Workspace(_workspace_root(args)),
+        root=_workspace_root(args),
+        cache=not args.no_cache,
+        cache_dir=args.cache_dir,
+        config=args.config,
+        jobs=args.jobs,
     )
     for flag, codes in (
         ("--select", options.select),

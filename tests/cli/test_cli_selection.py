@@ -80,7 +80,7 @@ def test_per_file_ignores_match_paths_relative_to_the_pyproject(project):
         '[tool.torchls]\n[tool.torchls.per-file-ignores]\n"tests/*" = ["TL1"]\n'
         '"legacy.py" = ["TL302"]\n',
     )
-    project.copy("buggy.py", "tests/test_train.py")
+    project.copy("buggy.py", "tests/smoke_train.py")
     project.copy("buggy.py", "legacy.py")
     project.copy("buggy.py", "train.py")
     rows = project.run("check", "--output-format", "json").json()
@@ -90,7 +90,7 @@ def test_per_file_ignores_match_paths_relative_to_the_pyproject(project):
         by_file.setdefault(name, []).append(row["code"])
     assert by_file == {
         "legacy.py": ["TL101", "TL106", "TL303"],
-        "tests/test_train.py": ["TL302", "TL303"],
+        "tests/smoke_train.py": ["TL302", "TL303"],
         "train.py": ALL_CODES,
     }
     # Run from inside tests/: the pattern still matches against the pyproject's folder.

@@ -53,6 +53,8 @@ def files_changed(server: TorchLanguageServer, params: types.DidChangeWatchedFil
     if server.docs.has_project and not created_or_deleted:
         for path in paths:
             affected |= server.docs.project.dependents_of(path)
+    if created_or_deleted:
+        server.docs.layout_changed()
     server.docs.dependencies_changed(paths)
     for uri in list(server.docs.states):
         own = to_fs_path(uri)

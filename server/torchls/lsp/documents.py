@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import gc
 import logging
 import os
 import re
+import sys
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,6 +41,7 @@ from torchls.analysis.source import ParsedSource
 from torchls.config import config_or_defaults
 from torchls.lsp.positions import UTF16
 from torchls.lsp.settings import Settings
+from torchls.project import ProjectView
 
 if TYPE_CHECKING:
     from torchls.lsp.server import TorchLanguageServer
@@ -50,6 +54,13 @@ SETTINGS_WAIT_S = 5.0
 ANALYSIS_BUDGET_S = float(os.environ.get("TORCHLS_ANALYSIS_BUDGET_S", "3.0"))
 """Rules not started within this many seconds are skipped (and the user is told): a
 pathological file must not stall diagnostics. The variable exists for tests and slow machines."""
+
+TRIM_DELAY_S = 1.0
+"""After the last of a burst of didClose, how long to wait before handing freed memory back."""
+
+KEEP_PARSED = 32
+"""Parse trees kept for the most recently analysed documents (an edit re-parses only the
+statements it touched); another document's next edit parses it whole once (milliseconds)."""
 
 MAX_DOCUMENT_CHARS = 5_000_000
 """Documents larger than this are not analysed (no training script is this long)."""
@@ -179,6 +190,8 @@ class Documents:
         # Last parse per document, touched only on the analysis thread (incremental re-parse
         # reuses and shifts its unchanged statements, so it must never be shared).
         self.parsed_by_uri: dict[str, ParsedSource] = {}
+        self._trim: asyncio.TimerHandle | None = None  # a pending `release_memory` after closes
+        self._project_view: ProjectView | None = None
 
     # -- text sync ------------------------------------------------------------------------------
 
@@ -226,10 +239,40 @@ class Documents:
         if state is not None:
             state.closed = True
             state.cancel_all()
+            self._forget_document(uri)
         if self.push:
             self.server.text_document_publish_diagnostics(
                 types.PublishDiagnosticsParams(uri=uri, diagnostics=[])
             )
+
+    def _forget_document(self, uri: str) -> None:
+        """A closed document keeps nothing: its parse tree (reused only by the next edit's
+        re-parse) goes on the analysis thread, after any analysis of it still queued there;
+        what the project knew of its unsaved text goes too (other files now read it from
+        disk). The memory is handed back to the system once closing stops for a moment."""
+        with contextlib.suppress(RuntimeError):  # the pool is shut down: nothing to free
+            self.analysis_pool.submit(self.parsed_by_uri.pop, uri, None)
+        path = to_fs_path(uri)
+        if not self.states:
+            # Nothing open: what the project learnt of other files (their facts, jedi's
+            # scripts) is rebuilt from disk when the next document needs it.
+            self._project = None
+            self._project_view = None
+        elif self._project is not None and path is not None and "\x00" not in path:
+            with contextlib.suppress(OSError):
+                self._project.invalidate(path)
+                # Open files whose findings came through its unsaved text: check them again.
+                self._refresh_dependents(uri)
+        if self._trim is not None:
+            self._trim.cancel()
+        with contextlib.suppress(RuntimeError):  # no running loop (tests drive this directly)
+            loop = asyncio.get_running_loop()
+            self._trim = loop.call_later(TRIM_DELAY_S, self._release_memory)
+
+    def _release_memory(self) -> None:
+        self._trim = None
+        with contextlib.suppress(RuntimeError):
+            self.analysis_pool.submit(release_memory)
 
     # -- snapshots ------------------------------------------------------------------------------
 
@@ -278,6 +321,18 @@ class Documents:
             root = to_fs_path(root_uri) if root_uri else None
             self._project = ProjectWorkspace(root, overlay=self._open_text)
         return self._project
+
+    @property
+    def project_view(self) -> ProjectView:
+        """The project as the cross-file pass asks it: jedi only for imports that could name
+        a project file (the same gate `torchls check` uses)."""
+        if self._project_view is None:
+            self._project_view = ProjectView(self.project)
+        return self._project_view
+
+    def layout_changed(self) -> None:
+        """A Python file appeared or vanished: the names the project defines may differ."""
+        self._project_view = None
 
     @property
     def has_project(self) -> bool:
@@ -447,7 +502,7 @@ class Documents:
             snapshot,
             *self.paths_of(snapshot.uri),
             settings,
-            self.project,
+            self.project_view if cross_file else self.project,
             cross_file,
             self.parsed_by_uri,
         )
@@ -473,6 +528,20 @@ class Documents:
         self.analysis_pool.shutdown(wait=False, cancel_futures=True)
 
 
+def release_memory() -> None:
+    """Collect the cycles closed documents left and hand free heap pages back to the system
+    (glibc keeps them otherwise, and the server's RSS would stay at its high-water mark).
+    parso's parse cache (jedi's, filled by cross-file resolution) goes too: it keeps the tree
+    of every module jedi ever read, and jedi reads it back from parso's disk cache on demand."""
+    parso_cache = sys.modules.get("parso.cache")
+    with contextlib.suppress(Exception):
+        parso_cache.parser_cache.clear()  # type: ignore[union-attr]
+    gc.collect()
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def selection_for(
     path: str | None, config_start: str | None, settings: Settings
 ) -> tuple[RuleSelection, str | None, str | None]:
@@ -489,18 +558,22 @@ def analyse_snapshot(
     path: str | None,
     config_start: str | None,
     settings: Settings,
-    project: ProjectWorkspace | None = None,
+    project: ProjectWorkspace | ProjectView | None = None,
     cross_file: bool = False,
     parsed_by_uri: dict[str, ParsedSource] | None = None,
 ) -> Outcome:
-    """Run on the worker thread: the pure analysis of one snapshot, never raising."""
+    """Run on the worker thread: the pure analysis of one snapshot, never raising. Without
+    `cross_file`, other files are consulted only as far as earlier resolutions know them;
+    with it, `project` (the workspace, or a view of it that filters what jedi is asked)
+    answers everything."""
     if len(snapshot.source) > MAX_DOCUMENT_CHARS:
         return Outcome(snapshot, error=f"larger than {MAX_DOCUMENT_CHARS} characters")
     previous = parsed_by_uri.pop(snapshot.uri, None) if parsed_by_uri is not None else None
     try:
         selection, relative, config_error = selection_for(path, config_start, settings)
         filename = path or snapshot.uri
-        view = project.cached_view() if project is not None and not cross_file else None
+        workspace = project.workspace if isinstance(project, ProjectView) else project
+        view = workspace.cached_view() if workspace is not None and not cross_file else None
         result = analyze(
             snapshot.source,
             filename,
@@ -513,7 +586,9 @@ def analyse_snapshot(
         logger.exception("analysis failed for %s", snapshot.uri)
         return Outcome(snapshot, error=f"internal error: {error}")
     if parsed_by_uri is not None and result.parsed is not None:
-        parsed_by_uri[snapshot.uri] = result.parsed
+        parsed_by_uri[snapshot.uri] = result.parsed  # popped above: now the most recent
+        while len(parsed_by_uri) > KEEP_PARSED:
+            parsed_by_uri.pop(next(iter(parsed_by_uri)))
     if result.error is not None:
         return Outcome(snapshot, error=result.error, config_error=config_error)
     return Outcome(
