@@ -220,3 +220,17 @@ def test_a_model_chosen_by_a_flag_is_followed_on_each_path(tmp_path: Path) -> No
         for f in analyze(train.read_text(), str(train), workspace=Workspace(tmp_path)).findings
         if f.code == "TL101"
     ]
+
+
+def test_a_re_export_is_followed_without_jedi_on_the_quick_pass(tmp_path: Path) -> None:
+    # The package re-exports a name from a module outside the project: the quick (cached)
+    # pass must not ask jedi about it on the way, only note that an answer is missing.
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("from vendored_models import Net\n")
+    train = tmp_path / "train.py"
+    train.write_text("from pkg import Net\n\nmodel = Net()\n")
+    workspace = Workspace(tmp_path)
+    view = workspace.cached_view()
+    analyze(train.read_text(), str(train), workspace=view)
+    assert workspace.jedi_calls == 0
+    assert view.missed

@@ -184,7 +184,7 @@ class Workspace:
         if depth >= MAX_FOLLOW_DEPTH:
             return None
         path = Path(facts.filename).resolve()
-        indexed = self._resolve_by_index(path, imported, depth)
+        indexed = self._resolve_by_index(path, imported, depth, view)
         if indexed is not None:
             return indexed or None
         key = (path, local_name, imported)
@@ -212,9 +212,12 @@ class Workspace:
             return None
         return _definition_at(other, line, imported.rsplit(".", 1)[-1])
 
-    def _resolve_by_index(self, path: Path, imported: str, depth: int) -> Definition | bool | None:
+    def _resolve_by_index(
+        self, path: Path, imported: str, depth: int, view: CachedView | None = None
+    ) -> Definition | bool | None:
         """The definition the project index names for `imported` (False: the index found the
-        module but not the name in it; None: the index cannot tell, ask jedi)."""
+        module but not the name in it; None: the index cannot tell, ask jedi). A re-export is
+        followed under the same `view`, so a keystroke pass never reaches jedi through it."""
         located = self.index.locate(path, imported)
         if located is None or located[1] is None:
             return None
@@ -233,7 +236,7 @@ class Workspace:
             if found is not None:
                 return Definition(other, found)
             if attribute in other.imports:  # re-exported: `from .models import Net` in __init__
-                return self.resolve(other, attribute) or False
+                return self.resolve(other, attribute, view) or False
             return False
         finally:
             self._depth.value = depth
