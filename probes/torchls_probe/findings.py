@@ -107,22 +107,36 @@ def describe_nonfinite(info: dict[str, Any]) -> str:
 
 
 def chain(events: list[Event], start: Event) -> list[Event]:
-    """The events that carried `start`'s value on to the loss (breadth first, by index)."""
+    """The events that carried `start`'s value on to the loss: the shortest path (breadth
+    first, earliest events first) to an event in the loss, backward or step phase. A value often
+    feeds several ops, and the first of them can be a dead branch (an `exp` turning -inf into 0,
+    a logged statistic); only when no path reaches the loss is the first-child chain shown."""
     children: dict[int, list[Event]] = {}
     for event in events:
         for source in event.sources:
             children.setdefault(source, []).append(event)
+    parent: dict[int, Event | None] = {start.index: None}
+    queue = [start]
+    for current in queue:  # grows while iterating: a breadth-first walk
+        if current.phase in ("loss", "backward", "step"):
+            path = [current]
+            while (previous := parent[path[-1].index]) is not None:
+                path.append(previous)
+            return path[::-1]
+        for child in children.get(current.index, []):
+            if child.index not in parent:
+                parent[child.index] = current
+                queue.append(child)
     path = [start]
-    current = start
     seen = {start.index}
-    while current.phase not in ("loss", "backward", "step"):
+    current = start
+    while True:
         nexts = [e for e in children.get(current.index, []) if e.index not in seen]
         if not nexts:
-            break
+            return path
         current = nexts[0]
         seen.add(current.index)
         path.append(current)
-    return path
 
 
 def _nonfinite(trace: Trace) -> list[dict[str, Any]]:

@@ -26,6 +26,7 @@ class Entry:
     count: int = 1
     nonfinite_count: int = 0
     grad: dict[str, Any] | None = None
+    setup: bool = False  # ran under a torch.nn method that builds, moves or saves a model
 
 
 @dataclass

@@ -143,6 +143,7 @@ def _lines(trace: Trace | None) -> list[dict[str, Any]]:
                     "nonfinite_count": entry.nonfinite_count,
                     "outputs": entry.outputs,
                     "grad": entry.grad,
+                    "setup": entry.setup,
                 }
             )
         found.append(

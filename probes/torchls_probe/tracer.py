@@ -10,6 +10,7 @@ so it is attributed through `Node.register_hook` closures created when the forwa
 from __future__ import annotations
 
 import math
+import os
 import sys
 import weakref
 from collections import deque
@@ -55,6 +56,23 @@ _MASK_WRITERS = {
     "torch.as_tensor",
     "torch.scalar_tensor",
 }
+# Methods of torch.nn modules that build, move, reset or serialise a model rather than compute
+# with it: an op run under one of them (parameter creation in a layer's constructor,
+# `model.to(device)`, BatchNorm's running statistics, `state_dict()` in a `torch.save` line) is
+# recorded as `setup`, so that a report's shape table can show the training step alone.
+_SETUP_METHODS = {
+    "__init__",
+    "_apply",
+    "state_dict",
+    "_save_to_state_dict",
+    "load_state_dict",
+    "_load_from_state_dict",
+    "reset_parameters",
+    "_reset_parameters",
+    "reset_running_stats",
+    "to_empty",
+}
+_TORCH_NN = os.path.dirname(torch.nn.__file__) + os.sep
 # Autograd nodes walked per recorded op: enough to cover a composite op's internal nodes.
 _NODE_WALK = 32
 _SUSPECT_SEARCH = 512
@@ -245,11 +263,9 @@ class Tracer(TorchFunctionMode):
         if entry is None:
             summaries = [summary(t, uninitialized=uninitialized) for t in outputs]
             finite = [s.get("finite", True) for s in summaries]
-            entry = trace.lines.add(
-                loc,
-                key,
-                Entry(name, loc.col, loc.end_col, trace.module_path(), phase, summaries),
-            )
+            made = Entry(name, loc.col, loc.end_col, trace.module_path(), phase, summaries)
+            made.setup = self._in_setup(sys._getframe(2))
+            entry = trace.lines.add(loc, key, made)
         else:
             entry.count += 1
             finite = [True if uninitialized else is_finite(t) for t in outputs]
@@ -260,6 +276,17 @@ class Tracer(TorchFunctionMode):
         if name in _DIFFERENCES:
             self._difference(name, loc, args, outputs[0])
         self._watch(outputs, loc, entry, inputs_finite)
+
+    def _in_setup(self, frame: Any) -> bool:
+        """Whether the library frames between this op and the user's line include a torch.nn
+        method that builds, moves or serialises a model (once per new entry, not per call)."""
+        user = self.trace.user
+        while frame is not None and user.filename(frame.f_code) is None:
+            code = frame.f_code
+            if code.co_name in _SETUP_METHODS and code.co_filename.startswith(_TORCH_NN):
+                return True
+            frame = frame.f_back
+        return False
 
     def _nonfinite_output(
         self,

@@ -2,7 +2,9 @@
 
 `recon, mu, logvar = model(x)`: the hover on `mu` shows output 1 of the call, not output 0. A
 tensor holding -inf or NaN shows them as its extremes, not the range of its finite values. The
-text report lists a contract violation once.
+text report lists a contract violation once. A name assigned from a call of a function or method
+of the same file (`loss = loss_fn(...)`, `z = self.reparameterize(...)`, whose ops ran on the
+function's own lines) shows the value that function returned, from a real run.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ import os
 from pathlib import Path
 
 from torchls.lsp import repro_hover
-from torchls.lsp.repro_lookup import ValueSpan
+from torchls.lsp.repro_lookup import ValueSpan, value_at
 from torchls.lsp.repro_state import build_result
+from torchls.probe import ReproOptions, run_repro
 from torchls.probe.report import ReproReport, parse_probe_report
 from torchls.probe.text import render
 
@@ -76,3 +79,80 @@ def test_the_text_report_lists_a_contract_violation_once(tmp_path: Path) -> None
     text = render(ReproReport(data, root=str(tmp_path)), cwd=str(tmp_path))
     assert text.count(message) == 1
     assert "contract violations:" in text and "1 finding." in text
+
+
+CALLS = """\
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Linear(8, 4)
+        self.dec = nn.Linear(2, 8)
+
+    def reparameterize(self, mu, logvar):
+        std = torch.exp(0.5 * logvar)
+        return mu + torch.randn_like(std) * std
+
+    def forward(self, x):
+        h = self.enc(x)
+        mu, logvar = h[:, :2], h[:, 2:]
+        z = self.reparameterize(mu, logvar)
+        return torch.sigmoid(self.dec(z)), mu, logvar
+
+
+def loss_fn(recon, x, mu, logvar):
+    bce = F.binary_cross_entropy(recon, x, reduction="sum")
+    total = bce - 0.5 * torch.sum(1 + logvar - mu.pow(2) - logvar.exp())
+    return total
+
+
+model = Tiny()
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+x = torch.rand(16, 8)
+for _ in range(5):
+    recon, mu, logvar = model(x)
+    loss = loss_fn(recon.clamp(0, 1), x, mu, logvar)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def _hover(result, trace, source: str, target: Path, needle: str, offset: int = 0) -> str | None:
+    row = next(i for i, line in enumerate(source.splitlines(), 1) if needle in line)
+    column = source.splitlines()[row - 1].index(needle) + offset
+    value = value_at({}, target.as_uri(), source, str(target), row, column)
+    assert value is not None, needle
+    return repro_hover.value_markdown(result, trace, trace.line_map(None, source), value)
+
+
+def test_names_assigned_from_a_call_of_this_files_function_show_what_it_returned(
+    tmp_path: Path,
+) -> None:
+    import sys
+
+    target = tmp_path / "vae.py"
+    target.write_text(CALLS)
+    options = ReproOptions(device="cpu", python=sys.executable, timeout_s=60.0)
+    report = run_repro(target, options)
+    assert report.data["stopped_by"] == "steps"
+    result = build_result(target.as_uri(), 1, report.data, {}, root=tmp_path)
+    trace = result.files[os.path.realpath(target)]
+
+    loss = _hover(result, trace, CALLS, target, "loss = loss_fn")
+    assert loss is not None
+    total = next(i for i, line in enumerate(CALLS.splitlines(), 1) if "total = bce" in line)
+    assert "returned by `loss_fn`" in loss and f"repro trace of line {total}" in loss
+    assert "Tensor\\.sub" in loss and "| scalar | float32 |" in loss
+    assert "clamp" not in loss and "[16, 8]" not in loss  # an argument, not the result
+    # Where it is used, too: the reaching assignment is the same call.
+    used = _hover(result, trace, CALLS, target, "loss.backward", offset=1)
+    assert used is not None and "returned by `loss_fn`" in used
+
+    z = _hover(result, trace, CALLS, target, "z = self.reparameterize")
+    assert z is not None
+    assert "returned by `reparameterize`" in z and "Tensor\\.add" in z and "[16, 2]" in z

@@ -171,3 +171,25 @@ def test_worker_lines_are_split_across_reads_and_overlong_ones_dropped():
     assert lines.feed(b"y" * 20) == []  # past the limit: dropped up to its end
     assert lines.feed(b"zz\n{}\n") == [b"{}"]
     assert lines.feed(b"0123456789\n") == [b"0123456789"]
+
+
+FILLS_THE_PROJECT = """\
+import os
+import time
+
+# Files under the file-size limit each, more than it in all, in the project's copy.
+for index in range(8):
+    with open(f"part{index}.bin", "wb") as handle:
+        handle.write(b"x" * (1 << 20))
+time.sleep(20)
+"""
+
+
+def test_a_warm_run_that_fills_the_projects_copy_is_stopped_for_disk(warm_repro):
+    # Unwatched, the run would sleep its 20 s out and end normally (stopped_by "end").
+    report, path = warm_repro(FILLS_THE_PROJECT, file_size_mb=2, timeout_s=30.0)
+    assert report.data["stopped_by"] == "disk", report.data
+    [stop] = [f for f in report.findings if f.code == "TL906"]
+    assert "file-size limit of 2 MB" in stop.message
+    assert report.data["timing"]["runner"] == "warm"
+    assert not list(path.parent.glob("part*.bin"))  # nothing reached the real folder

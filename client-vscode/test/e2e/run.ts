@@ -18,7 +18,9 @@
  *  - report:     the real server runs a real repro of a small training script (fixtures/
  *                tiny_train.py, on the CPU); its notice offers "Show Report";
  *                "torchls: Show Repro Report" opens the report in a webview panel whose page
- *                carries the extension's Content-Security-Policy.
+ *                carries the extension's Content-Security-Policy. Then a script whose NaN is born
+ *                on one line (fixtures/nan_train.py): the repro puts TL901 on that line in the
+ *                Problems panel, and the hover on its squiggle shows the repro's trace.
  * Screenshots go to test-results/. Every process group started is stopped and checked.
  *
  * Inputs: TORCHLS_VENV (required), CODE_SERVER_BIN (else scripts/install-code-server.sh),
@@ -44,6 +46,8 @@ const EXAMPLE = "image_classifier.py";
 const EXPECTED_CODE = "TL101";
 const EXPECTED_LINE = 65;
 const REPORT_SCRIPT = "tiny_train.py";
+const NAN_SCRIPT = "nan_train.py";
+const NAN_LINE = 16; // `shifted = torch.sqrt(inputs - 10.0)` in fixtures/nan_train.py
 const OVERALL_TIMEOUT_MS = 420_000;
 
 function fail(message: string): never {
@@ -309,7 +313,9 @@ function scenarios(python: string): Scenario[] {
         prepare: (root) => {
             const workspace = path.join(root, "workspace");
             fs.mkdirSync(workspace, { recursive: true });
-            fs.copyFileSync(path.join(clientDir, "test", "e2e", "fixtures", REPORT_SCRIPT), path.join(workspace, REPORT_SCRIPT));
+            for (const script of [REPORT_SCRIPT, NAN_SCRIPT]) {
+                fs.copyFileSync(path.join(clientDir, "test", "e2e", "fixtures", script), path.join(workspace, script));
+            }
             return {};
         },
         body: async (workbench) => {
@@ -343,6 +349,25 @@ function scenarios(python: string): Scenario[] {
             // Charts are inline SVG: let them lay out before the screenshot.
             await new Promise((resolve) => setTimeout(resolve, 1_000));
             await workbench.screenshot("report-webview");
+
+            // A real NaN: TL901 on the line that made it, and the trace in the hover there.
+            await workbench.openFile(NAN_SCRIPT);
+            await workbench.runCommand("torchls: Run Repro");
+            const rows = await workbench
+                .problemsContaining("TL901", 120_000)
+                .catch((error: unknown) => fail(`report: no TL901 in the Problems panel after the repro of ${NAN_SCRIPT}: ${String(error)}`));
+            const row = rows.find((text) => text.includes("TL901")) ?? "";
+            log(`report: Problems row: ${row}`);
+            if (!row.includes(`Ln ${NAN_LINE}`) || !row.includes("torch.sqrt")) {
+                fail(`report: TL901 is not on line ${NAN_LINE} at torch.sqrt: ${row}`);
+            }
+            await workbench.goToLine(NAN_LINE);
+            const hover = await workbench.hoverErrorSquiggleText(30_000);
+            log(`report: hover starts: ${hover.slice(0, 200).replace(/\s+/g, " ")}`);
+            if (!hover.includes("First non-finite value") || !hover.includes("torch.sqrt") || !hover.includes("NaN")) {
+                fail(`report: the hover on the TL901 squiggle does not show the repro trace: ${hover.slice(0, 400)}`);
+            }
+            await workbench.screenshot("report-nan-hover");
         },
     };
     const list = [trusted, restricted, forwarding, install, report];

@@ -244,4 +244,25 @@ export class Workbench {
             return false;
         }
     }
+
+    /** Hovers the start of the first error squiggle (the call's name, not an argument inside
+     * it) and returns the hover's text ("" when none showed). */
+    async hoverErrorSquiggleText(timeoutMs: number): Promise<string> {
+        const squiggle = await this.page.waitForSelector(".monaco-editor .squiggly-error", { timeout: timeoutMs }).catch(() => null);
+        const box = await squiggle?.boundingBox();
+        if (!box) {
+            return "";
+        }
+        await this.page.mouse.move(box.x + Math.min(4, box.width / 2), box.y + box.height / 2);
+        try {
+            const hover = await this.page.waitForSelector(".monaco-hover:not(.hidden) .hover-contents", { timeout: 5_000 });
+            await new Promise((resolve) => setTimeout(resolve, 500));
+            const texts = await this.page.$$eval(".monaco-hover:not(.hidden) .hover-contents", (nodes) =>
+                nodes.map((node) => (node as HTMLElement).innerText),
+            );
+            return hover ? texts.join("\n") : "";
+        } catch {
+            return "";
+        }
+    }
 }

@@ -269,27 +269,51 @@ def line_markdown(
 
 
 def pick_entries(
-    entries: list[dict[str, Any]], column: int, end_column: int | None
+    entries: list[dict[str, Any]], column: int, end_column: int | None, exact: bool = False
 ) -> list[dict[str, Any]]:
     """The traced ops that computed the whole expression at [column, end_column) (0-based code
-    points): every exact match (a module constructor makes several tensors), else the widest
-    op inside it, the latest among equals (entries are in first-seen order, outer ops last)."""
-    exact, inside = [], []
+    points): every exact match (a module constructor makes several tensors), else (unless
+    `exact`) the widest op inside it, the latest among equals (entries are in first-seen
+    order, outer ops last)."""
+    exact_matches, inside = [], []
     for position, entry in enumerate(entries):
         start, end = _int(entry.get("column"), 1) - 1, _int(entry.get("end_column"), 1) - 1
         if start == column and (end_column is None or end == end_column):
-            exact.append(entry)
+            exact_matches.append(entry)
         elif start >= column and (end_column is None or end <= end_column):
             inside.append((end - start, position, entry))
+    if exact_matches:
+        return exact_matches
     if exact:
-        return exact
+        return []
     return [max(inside, key=lambda item: item[:2])[2]] if inside else []
 
 
 def value_markdown(
     result: ReproResult, trace: FileTrace, mapping: LineMap, value: ValueSpan
 ) -> str | None:
-    """The trace of the value `value.name` holds, or None when the run did not trace it."""
+    """The trace of the value `value.name` holds, or None when the run did not trace it. A
+    call of a function of this file ran its ops on the function's own lines: then the traced
+    value one of its `return`s gave back is shown (ops inside the call's parentheses computed
+    its arguments, not its result)."""
+    own = _traced_value(result, trace, mapping, value, None, exact=bool(value.returned))
+    if own is not None:
+        return own
+    for returned in value.returned:
+        text = _traced_value(result, trace, mapping, returned, value)
+        if text is not None:
+            return text
+    return None
+
+
+def _traced_value(
+    result: ReproResult,
+    trace: FileTrace,
+    mapping: LineMap,
+    value: ValueSpan,
+    call: ValueSpan | None,
+    exact: bool = False,
+) -> str | None:
     located = mapping.old_row(value.row)
     if located is None:
         return None
@@ -300,16 +324,17 @@ def value_markdown(
     if stale:
         return line_markdown(result, trace, mapping, old_row, stale=True)
     end_column = value.end_column if value.end_row == value.row else None
-    entries = pick_entries(record.get("entries") or [], value.column, end_column)
+    entries = pick_entries(record.get("entries") or [], value.column, end_column, exact)
     if not entries:
         return None
     line = trace.baseline_line(old_row)
     element = f" (element {value.index} of the result)" if value.index is not None else ""
     current = mapping.new_row(old_row) or old_row
     summary = _run_summary(result)
+    via = f" · returned by {_code(call.callee)}" if call is not None else ""
+    title = f"**`{value.name}`**{element}{via} · repro trace of line {current}"
     parts = [
-        f"**`{value.name}`**{element} · repro trace of line {current}"
-        + (f" · {summary}" if summary else ""),
+        title + (f" · {summary}" if summary else ""),
         "\n".join([HEADER, RULE, *(entry_row(entry, line, value.index) for entry in entries)]),
     ]
     column = _int(entries[-1].get("column"))

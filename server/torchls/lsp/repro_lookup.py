@@ -6,7 +6,10 @@ In: a snapshot and the server's last parse of it. Out:
   reaches `backward()` (directly or through in-file helpers), and functions that do (a train
   step). Built from the analysis facts, so "training loop" means what it means to the rules.
 - `value_at`: for a name under the cursor, the expression that gave it its value (its own
-  assignment, or the one reaching this use), so the hover can show that value's trace.
+  assignment, or the one reaching this use), so the hover can show that value's trace. When
+  that expression calls a function or method of this file (`loss = loss_fn(...)`,
+  `z = self.reparameterize(...)`), whose ops ran on its own lines, the expressions it returns
+  come along (`returned`), so the hover can show the value that call gave back.
 
 Both run on `server.analysis_pool`: the cached parse (`parsed_by_uri`) is only ever touched on
 that thread, and neither question should cost the event loop a full walk of a large file.
@@ -17,7 +20,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from torchls.analysis.facts import build_facts
+from torchls.analysis.facts import Facts, build_facts
 from torchls.analysis.source import ParsedSource, SourceError, parse_source
 
 Region = tuple[int, int]
@@ -66,6 +69,9 @@ class ValueSpan:
     end_row: int
     end_column: int
     index: int | None  # the tuple position when the name was unpacked (`a, b = f()`)
+    # When the value is a call of a function of this file: what it returns, last first.
+    callee: str | None = None
+    returned: tuple[ValueSpan, ...] = ()
 
 
 def _covers(node: ast.AST, row: int) -> bool:
@@ -139,6 +145,89 @@ def value_at(
             return None
         value, index = assignment.value, assignment.index
     span = parsed.span(value)
+    callee, returned = None, ()
+    if isinstance(value, ast.Call):
+        function = _callee(parsed, value, ancestors)
+        if function is not None:
+            facts = build_facts(parsed, filename)
+            callee, returned = function.name, _returned(parsed, facts, function, name.id, index)
+            if returned:
+                index = None  # the returned spans are the element already
     return ValueSpan(
-        name.id, span.start.row, span.start.column, span.end.row, span.end.column, index
+        name.id,
+        span.start.row,
+        span.start.column,
+        span.end.row,
+        span.end.column,
+        index,
+        callee,
+        returned,
     )
+
+
+def _callee(
+    parsed: ParsedSource, call: ast.Call, ancestors: list[ast.AST]
+) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """The function of this file that `call` runs: a module-level `f(...)`, or `self.m(...)`
+    inside a class that defines `m`."""
+    func = call.func
+    body: list[ast.stmt] = []
+    wanted = ""
+    if isinstance(func, ast.Name):
+        body, wanted = parsed.tree.body, func.id
+    elif (
+        isinstance(func, ast.Attribute)
+        and isinstance(func.value, ast.Name)
+        and func.value.id == "self"
+    ):
+        classes = [node for node in ancestors if isinstance(node, ast.ClassDef)]
+        if classes:
+            body, wanted = classes[-1].body, func.attr
+    found = None
+    for node in body:  # the last definition wins, as at run time
+        if isinstance(node, FUNCTIONS) and node.name == wanted:
+            found = node
+    return found
+
+
+def _returned(
+    parsed: ParsedSource,
+    facts: Facts,
+    function: ast.FunctionDef | ast.AsyncFunctionDef,
+    name: str,
+    index: int | None,
+) -> tuple[ValueSpan, ...]:
+    spans = []
+    for node in _returns(function):
+        value: ast.AST | None = node.value
+        element = index
+        if element is not None and isinstance(value, ast.Tuple | ast.List):
+            value = value.elts[element] if element < len(value.elts) else None
+            element = None
+        if isinstance(value, ast.Name):  # `return out`: where `out` got its value
+            assignment = facts.reaching_assignment(value)
+            if assignment is not None and assignment.value is not None:
+                value = assignment.value
+                element = assignment.index if element is None else element
+        if value is None:
+            continue
+        span = parsed.span(value)
+        spans.append(
+            ValueSpan(
+                name, span.start.row, span.start.column, span.end.row, span.end.column, element
+            )
+        )
+    return tuple(reversed(spans))
+
+
+def _returns(function: ast.AST) -> list[ast.Return]:
+    """The `return` statements of `function` itself (not of functions nested in it)."""
+    found = []
+    stack = list(ast.iter_child_nodes(function))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Return) and node.value is not None:
+            found.append(node)
+        elif not isinstance(node, (*FUNCTIONS, ast.Lambda, ast.ClassDef)):
+            stack.extend(ast.iter_child_nodes(node))
+    return sorted(found, key=lambda r: (r.lineno, r.col_offset))

@@ -250,8 +250,11 @@ def _table(data: dict[str, Any], base: str) -> list[str]:
         for entry in record.get("entries") or []:
             outputs = entry.get("outputs") or [{}]
             first = outputs[0]
-            if first.get("uninitialized") or str(entry.get("op", "")).startswith("torch.nn.init."):
-                continue  # parameter initialisation inside layer constructors: JSON only
+            op = str(entry.get("op", ""))
+            if entry.get("setup") or first.get("uninitialized") or op.startswith("torch.nn.init."):
+                # Building, moving, resetting or saving the model (layer constructors,
+                # `model.to`, BatchNorm's running statistics, `state_dict()`): JSON only.
+                continue
             finite = "NaN/Inf" if entry.get("nonfinite_count") else "yes"
             rows.append(
                 (

@@ -31,12 +31,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from torchls.probe.options import ReproOptions, ReproUsageError
 from torchls.probe.prepare import Prepared, prepare
-from torchls.probe.process import Ended
+from torchls.probe.process import WATCH_S, Ended
 from torchls.probe.report import ReproReport, parse_probe_report
 from torchls.probe.runner import (
     KILL_GRACE_S,
@@ -47,6 +49,7 @@ from torchls.probe.runner import (
     ProgressCallback,
     ProgressEvent,
     ReproCancelled,
+    disk_watch,
     finish,
     forward_progress,
     notify,
@@ -293,6 +296,9 @@ class WarmWorker:
             raise WorkerError(f"the project's copy could not be renewed: {error}") from None
         if self.project.linked:
             request["cwd"] = str(self.project.copy_of(prepared.cwd))
+        # The project's copies are on the host's disk, as in a cold run: they may grow by the
+        # file-size limit in all, then the run is stopped (TL906, stopped_by "disk").
+        watch = disk_watch(self.project, r.options.file_size_mb)
         limits = limits_for(
             r.memory_mb, r.timeout_s, r.options.file_size_mb, r.options.max_processes, r.device
         )
@@ -312,14 +318,16 @@ class WarmWorker:
             }
         )
         notify(on_progress, ProgressEvent("start", "forking warm interpreter"))
-        exit_message, child = self._follow(
-            run_id, token, started + deadline_s + WORKER_SLACK_S, on_progress, cancel_event
+        exit_message, child, stopped_for = self._follow(
+            run_id, token, started + deadline_s + WORKER_SLACK_S, on_progress, cancel_event, watch
         )
         # Whatever this run left could not all be removed: no later run may inherit it.
         self.dirty = self.dirty or exit_message.get("dirty") is not False
-        if exit_message.get("killed_for") == "cancel":
+        if stopped_for is None and exit_message.get("killed_for") == "cancel":
             raise ReproCancelled("the repro was cancelled")
         ended = _ended(exit_message, child, started)
+        if stopped_for is not None:  # the worker saw a cancel; the reason is ours
+            ended = replace(ended, killed_for=stopped_for)
         layers = self._layers(limits, child, r.timeout_s)
         report = finish(
             prepared, request, _left(exit_message), ended, layers, self.launch.warnings, "warm"
@@ -336,13 +344,24 @@ class WarmWorker:
         hard_deadline: float,
         on_progress: ProgressCallback | None,
         cancel_event: threading.Event | None,
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        watch: Callable[[], str | None] | None = None,
+    ) -> tuple[dict[str, Any], dict[str, Any], str | None]:
+        """The run's exit message, its child record, and why the server stopped it (what
+        `watch`, called about every WATCH_S, returned), or None."""
         child: dict[str, Any] = {}
         cancelled = False
+        stopped_for: str | None = None
+        next_watch = time.monotonic() + WATCH_S
         while True:
             if cancel_event is not None and cancel_event.is_set() and not cancelled:
                 self._send({"op": "cancel", "id": run_id})
                 cancelled = True
+            if watch is not None and not cancelled and time.monotonic() >= next_watch:
+                stopped_for = watch()
+                if stopped_for is not None:
+                    self._send({"op": "cancel", "id": run_id})
+                    cancelled = True
+                next_watch = time.monotonic() + WATCH_S
             if time.monotonic() > hard_deadline:
                 self.close()
                 raise WorkerError("the warm worker did not end the run at its deadline")
@@ -353,7 +372,7 @@ class WarmWorker:
                 if event == "exit":
                     if message.get("error"):
                         raise WorkerError(f"the warm worker refused the run: {message['error']}")
-                    return message, child
+                    return message, child, stopped_for
                 if event == "child":
                     child = message
                 else:
