@@ -219,3 +219,22 @@ def test_dashed_script_arguments_reach_the_script(project: Path):
     )
     assert done.returncode == 0, done.stderr
     assert "FAST True" in done.stdout
+
+
+def test_a_temporary_folder_inside_the_project_is_not_copied_into_itself(tmp_path: Path):
+    # TMPDIR=./tmp inside the project: the copy is written below a folder the copy would
+    # otherwise include, which once copied the copy into itself until the budget ran out.
+    from torchls.probe.view import ProjectView
+
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    (project / "data" / "rows.txt").write_text("1,2\n")
+    (project / "train.py").write_text("print('hi')\n")
+    scratch_root = project / "tmp"
+    scratch_root.mkdir()
+    view = ProjectView.create([project], scratch_root / "view", linked=False)
+    copy = view.copy_of(project)
+    assert (copy / "data" / "rows.txt").read_text() == "1,2\n"
+    assert (copy / "train.py").exists()
+    assert not any((copy / "tmp").iterdir())  # a stand-in only, nothing copied into it
+    assert view.excluded_entry(project / "tmp")[1] == "holds the sandbox's own scratch files"

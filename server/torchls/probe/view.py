@@ -271,6 +271,10 @@ def _copy_tree(source: Source, relative: Path, budget: _Budget, linked: bool) ->
                 source.snapshot[str(rel)] = _stamp(target)
             continue
         why = _left_out(entry, info, budget)
+        if why is None and stat.S_ISDIR(info.st_mode) and _holds(entry.path, source.copy):
+            # The temporary folder inside the project (TMPDIR=./tmp) holds this very copy:
+            # copying it would copy the copy into itself.
+            why = "holds the sandbox's own scratch files"
         if why is not None:
             _stand_in(source, rel, target, info, why, linked)
             continue
@@ -288,6 +292,15 @@ def _copy_tree(source: Source, relative: Path, budget: _Budget, linked: bool) ->
             budget.files -= 1
             source.snapshot[str(rel)] = _stamp(target)
         # FIFOs, sockets and devices are not part of a project's files: left out.
+
+
+def _holds(folder: str, inner: Path) -> bool:
+    """`inner` is `folder` or lies somewhere below it."""
+    try:
+        inner.resolve().relative_to(Path(folder).resolve())
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def _left_out(entry: os.DirEntry, info: os.stat_result, budget: _Budget) -> str | None:
