@@ -48,8 +48,9 @@ CACHE_DIR_NAME = ".torchls_cache"
 SCHEMA = 1
 MISSING = "missing"  # the digest recorded for a dependency that could not be read
 
-# Folders whose files are never project modules (kept in step with the checker's walk).
-_NOT_PROJECT = frozenset(
+# Folders that hold other people's code, tool caches or build output: never project modules,
+# and never walked by `check` either (the checker uses this same set).
+NOT_PROJECT_DIRS = frozenset(
     {
         ".git",
         ".hg",
@@ -59,6 +60,9 @@ _NOT_PROJECT = frozenset(
         ".tox",
         ".nox",
         ".eggs",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
         "node_modules",
         "__pycache__",
         "build",
@@ -134,7 +138,7 @@ def layout_digest(root: Path | None) -> str | None:
         dirs[:] = sorted(
             d
             for d in dirs
-            if d not in _NOT_PROJECT
+            if d not in NOT_PROJECT_DIRS
             and not d.startswith(".")
             and not (Path(folder) / d / "pyvenv.cfg").is_file()
         )

@@ -42,7 +42,12 @@ from torchls.analysis import (
 from torchls.analysis.fix_engine import fix_until_stable
 from torchls.analysis.fixes import fixes_to_apply
 from torchls.analysis.selection import normalise_selectors
-from torchls.cache import CACHE_DIR_NAME, CachedReport, ResultCache, cache_folder
+from torchls.cache import (
+    NOT_PROJECT_DIRS,
+    CachedReport,
+    ResultCache,
+    cache_folder,
+)
 from torchls.config import ConfigResolver, ProjectConfig
 from torchls.project import ProjectView, ReadGraph, ReadRecorder
 
@@ -50,27 +55,7 @@ from torchls.project import ProjectView, ReadGraph, ReadRecorder
 __all__ = ["CheckOptions", "ConfigResolver", "FileReport", "check_paths", "check_stdin"]
 
 # Folders that hold other people's code or build output; checking them is noise and slow.
-SKIPPED_DIRS = frozenset(
-    {
-        ".git",
-        ".hg",
-        ".svn",
-        ".venv",
-        "venv",
-        ".tox",
-        ".nox",
-        ".eggs",
-        ".mypy_cache",
-        ".pytest_cache",
-        ".ruff_cache",
-        "node_modules",
-        "__pycache__",
-        "build",
-        "dist",
-        "site-packages",
-        CACHE_DIR_NAME,
-    }
-)
+SKIPPED_DIRS = NOT_PROJECT_DIRS
 STDIN = "-"
 
 
