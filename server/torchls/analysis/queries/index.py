@@ -452,6 +452,15 @@ class IndexQueries:
         names.update(self.classes)
         return frozenset(names)
 
+    def block_of(self, stmt: ast.stmt) -> list[ast.stmt] | None:
+        """The statement list (`body`, `orelse` or `finalbody`) that directly holds `stmt`."""
+        parent = self.parents.get(stmt)
+        for name in ("body", "orelse", "finalbody"):
+            block = getattr(parent, name, None)
+            if isinstance(block, list) and any(item is stmt for item in block):
+                return block
+        return None
+
     def assignments_of(self, name: str, scope: ScopeNode) -> list[Assignment]:
         return self.assignments.get(scope, {}).get(name, [])
 

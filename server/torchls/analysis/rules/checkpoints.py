@@ -545,28 +545,16 @@ def _prepared_or_acknowledged(
 
 
 def _next_statement(facts: Facts, statement: ast.stmt) -> ast.stmt | None:
-    parent = facts.parents.get(statement)
-    for field in ("body", "orelse", "finalbody"):
-        block = getattr(parent, field, None) or []
-        for index, item in enumerate(block):
-            if item is statement:
-                return block[index + 1] if index + 1 < len(block) else None
-    return None
+    block = facts.block_of(statement) or []
+    index = next((i for i, item in enumerate(block) if item is statement), len(block))
+    return block[index + 1] if index + 1 < len(block) else None
 
 
 def _split_load(facts: Facts, call: ast.Call, statement: ast.stmt) -> bool:
     """Two partial loads into the same module one after the other (base weights, then the
     adapter's): each one misses the other's keys by design."""
     receiver = facts.key(facts.receiver(call))
-    parent = facts.parents.get(statement)
-    block = next(
-        (
-            getattr(parent, name)
-            for name in ("body", "orelse", "finalbody")
-            if any(item is statement for item in getattr(parent, name, None) or ())
-        ),
-        None,
-    )
+    block = facts.block_of(statement)
     if receiver is None or block is None:
         return False
     index = next(i for i, item in enumerate(block) if item is statement)
@@ -838,21 +826,7 @@ _REPORTERS = {"print", "info", "warning", "warn", "debug", "log", "write", "echo
 def _reported_after(facts: Facts, statement: ast.stmt, state: ast.AST) -> bool:
     """The statement right after the load reports on what was loaded (a print or log call
     naming the state dict, e.g. how many of its keys matched)."""
-    parent = facts.parents.get(statement)
-    block = next(
-        (
-            getattr(parent, name)
-            for name in ("body", "orelse", "finalbody")
-            if any(item is statement for item in getattr(parent, name, ()) or ())
-        ),
-        None,
-    )
-    if block is None:
-        return False
-    index = next(i for i, item in enumerate(block) if item is statement)
-    if index + 1 >= len(block):
-        return False
-    following = block[index + 1]
+    following = _next_statement(facts, statement)
     if not isinstance(following, ast.Expr) or not isinstance(following.value, ast.Call):
         return False
     report = following.value

@@ -735,21 +735,11 @@ def missing_zero_grad(facts: Facts) -> Iterator[Hit]:
         )
 
 
-def _block_of(facts: Facts, stmt: ast.stmt) -> list[ast.stmt] | None:
-    """The statement list that directly contains `stmt`."""
-    parent = facts.parents.get(stmt)
-    for name in ("body", "orelse", "finalbody"):
-        block = getattr(parent, name, None)
-        if isinstance(block, list) and any(item is stmt for item in block):
-            return block
-    return None
-
-
 def _zero_grad_statements(facts: Facts) -> Iterator[tuple[ast.Call, ast.stmt, list[ast.stmt]]]:
     for call in facts.method_calls("zero_grad"):
         statement = facts.parents.get(call)
         if isinstance(statement, ast.Expr):
-            block = _block_of(facts, statement)
+            block = facts.block_of(statement)
             if block is not None:
                 yield call, statement, block
 
