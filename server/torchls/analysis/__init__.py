@@ -93,6 +93,7 @@ def _analyze(
     from torchls.analysis.facts import build_facts
     from torchls.analysis.noqa import is_silenced, noqa_map
 
+    facts = None
     try:
         text = decode_source(source) if isinstance(source, bytes) else source
         from torchls.analysis.source import reparse
@@ -116,19 +117,22 @@ def _analyze(
                 if is_silenced(silenced, finding.span.start.row, finding.code):
                     continue
                 findings.append(finding)
+        findings.sort(key=lambda f: (f.span.start, f.code))
+        return AnalysisResult(
+            findings,
+            parsed.syntax_errors,
+            None,
+            parsed,
+            imports_project_names(facts),
+            stopped_early,
+        )
     except SourceError as error:
         return AnalysisResult(error=str(error))
     except RecursionError:
         return AnalysisResult(error="nesting too deep to analyse")
-    findings.sort(key=lambda f: (f.span.start, f.code))
-    return AnalysisResult(
-        findings,
-        parsed.syntax_errors,
-        None,
-        parsed,
-        imports_project_names(facts),
-        stopped_early,
-    )
+    finally:
+        if facts is not None:
+            facts.release()  # freed now by reference counting (see `Facts.release`)
 
 
 def _to_finding(rule_: Rule, hit: Hit, parsed: ParsedSource) -> Finding:

@@ -126,6 +126,8 @@ class Facts(IndexQueries, KindQueries, ValueQueries, FlowQueries, SummaryQueries
         self._reaching: dict[ast.Name, Assignment | None] = {}
         self.scope_nodes: dict[ast.AST, list[ast.AST]] = {}
         self.calls_by_statement: dict[ast.stmt, list[ast.Call]] = {}
+        # Scope (module, function, lambda) -> the calls directly in it, in walk order.
+        self.calls_by_scope: dict[ast.AST, list[ast.Call]] = {}
         self.local_functions: dict[ast.AST, dict[str, FunctionNode]] = {}
         self._called: dict[ast.Call, FunctionNode | None] = {}
         self._kinds: dict[ast.AST, ObjectKind | None] = {}
@@ -141,6 +143,14 @@ class Facts(IndexQueries, KindQueries, ValueQueries, FlowQueries, SummaryQueries
         self._function_parameters: dict[ast.AST, set[str]] = {}
         self._argument_value_of: dict[ast.Name, ast.expr | None] = {}
         self._collect()
+
+    def release(self) -> None:
+        """Drop every table and memo. Memos hold the facts themselves (a callee is `(facts,
+        function, bound)`, the mode analysis keeps its facts), so a finished file's facts
+        are a cycle that only the cyclic collector could free, after scanning the whole
+        tree; `analyze` calls this once its rules have run, and reference counting frees
+        it all at once. The facts must not be asked anything afterwards."""
+        self.__dict__.clear()
 
 
 def build_facts(parsed: ParsedSource, filename: str, workspace: Workspace | None = None) -> Facts:

@@ -74,9 +74,9 @@ class ModeAnalysis:
     _pending_entries: dict[ast.AST, State] = field(default_factory=dict)
     _calls: dict[ast.Call, CallInfo] = field(default_factory=dict)
     _relevant: dict[ast.AST, list[ast.Call]] = field(default_factory=dict)
+    _relevance: dict[ast.Call, bool] = field(default_factory=dict)
     _possible_keys: set[str] = field(default_factory=set)
     _loop_depth: int = 0
-    _inert_cache: dict[ast.AST, bool] = field(default_factory=dict)
     # Statements with a relevant call somewhere inside (their own function only); None until
     # the first question, then filled by one pass over the file's calls.
     _live: set[ast.AST] | None = None
@@ -170,19 +170,20 @@ class ModeAnalysis:
 
     def _live_statements(self) -> set[ast.AST]:
         """Every statement that holds a relevant call, with the statements around it up to
-        its function: one walk up from each call instead of one scan per statement."""
+        its function: one walk up from each statement with calls, not one scan per statement."""
         facts = self.facts
         parents = facts.parents
         interpreted = self._interpreted
         live: set[ast.AST] = set()
+        stmt_type, module_type = ast.stmt, ast.Module
         functions = (ast.FunctionDef, ast.AsyncFunctionDef)
-        for call in facts.calls:
+        for statement, calls in facts.calls_by_statement.items():
             chain: list[ast.AST] = []
-            node: ast.AST | None = parents.get(call)
+            node: ast.AST | None = statement
             seen = False  # reached a statement marked already: same function, interpreted
             scope: ast.AST | None = None
             while node is not None:
-                if isinstance(node, ast.stmt):
+                if isinstance(node, stmt_type):
                     if node in live:
                         seen = True
                         break
@@ -190,20 +191,20 @@ class ModeAnalysis:
                     if isinstance(node, functions):
                         scope = node
                         break
-                elif isinstance(node, ast.Module):
+                elif type(node) is module_type:
                     scope = node
                     break
                 node = parents.get(node)
             if not chain or not (seen or scope in interpreted):
                 continue
-            if self._is_relevant(call):
+            if any(self._is_relevant(call) for call in calls):
                 live.update(chain)
         return live
 
     def _statement(self, stmt: ast.stmt, state: State) -> State:
-        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            return state
-        if self._inert(stmt):
+        if self._inert(stmt) or isinstance(
+            stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+        ):
             return state
         if isinstance(stmt, ast.If):
             state = self._expression(stmt.test, state)
@@ -343,13 +344,20 @@ class ModeAnalysis:
         return found
 
     def _is_relevant(self, call: ast.Call) -> bool:
-        method, _, called_key, is_model, function = self._describe(call)
-        return (
-            method in ("train", "eval")
-            or function is not None
-            or is_model
-            or (called_key is not None and called_key in self._possible_keys)
-        )
+        found = self._relevance.get(call)
+        if found is None:
+            # Cheapest questions first: most calls in a file are answered by the first two,
+            # and the kind of the callee (the dearest) is asked only of the rest.
+            facts = self.facts
+            called_key = facts.key(call.func)
+            found = (
+                facts.method_name(call) in ("train", "eval")
+                or (called_key is not None and called_key in self._possible_keys)
+                or facts.called_function(call) is not None
+                or self._is_model_call(call)
+            )
+            self._relevance[call] = found
+        return found
 
     def _describe(self, call: ast.Call) -> CallInfo:
         """What the interpreter needs to know about a call, computed once per call (loops and
@@ -675,7 +683,7 @@ def _statements_saving_modes(facts: Facts) -> dict[ast.AST, str]:
     for nodes in facts.scope_nodes.values():
         for node in nodes:
             if not (
-                isinstance(node, ast.Assign)
+                type(node) is ast.Assign
                 and len(node.targets) == 1
                 and isinstance(node.targets[0], ast.Name)
                 and isinstance(node.value, ast.Attribute)
@@ -703,13 +711,12 @@ def _relevant_functions(facts: Facts) -> list[FunctionNode]:
         for node in facts.scope_nodes
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
     ]
+    # A loop's scope is a function or the module (a lambda holds no statement).
+    looping = {facts.scope(loop) for loop in facts.loops}
     relevant = {
         function
         for function in functions
-        if any(
-            isinstance(n, (ast.For, ast.AsyncFor, ast.While)) for n in facts.scope_nodes[function]
-        )
-        or any(_is_mode_call(call) for call in facts.calls_in(function))
+        if function in looping or any(_is_mode_call(call) for call in facts.calls_in(function))
     }
     changed = True
     while changed:

@@ -208,13 +208,19 @@ class FlowQueries:
         function = self.called_function(call)
         if function is None:
             # A function passed as an argument (LBFGS `optimizer.step(closure)`) runs too.
+            names = self._function_names
             for argument in call.args:
-                if isinstance(argument, ast.Name):
-                    passed = self.called_function(ast.Call(func=argument, args=[], keywords=[]))
+                if isinstance(argument, ast.Name) and argument.id in names:
+                    passed = self._passed_function(argument.id)
                     if passed is not None and self.function_reaches(passed, predicate, depth + 1):
                         return True
             return False
         return self.function_reaches(function, predicate, depth + 1)
+
+    def _passed_function(self, name: str) -> FunctionNode | None:
+        """The function a name passed as an argument runs: a module-level one, else the
+        first function of that name anywhere in the file (a closure defined in a loop)."""
+        return self.local_functions.get(self.tree, {}).get(name) or self.functions.get(name)
 
     def node_reaches(self, node: ast.AST, predicate) -> bool:
         """True if a call under `node` (or a function it calls) satisfies `predicate`."""

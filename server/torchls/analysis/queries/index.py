@@ -25,6 +25,22 @@ from torchls.analysis.queries.vocabulary import (
     _child_statements,
 )
 
+# Fields that never hold a node (names, flags, the load/store context): skipped by the walk
+# without a look. Anything not listed is looked at, so a new Python field is never missed.
+_LEAF_FIELDS = frozenset(
+    {"ctx", "id", "attr", "name", "asname", "arg", "module", "level", "conversion"}
+    | {"is_async", "type_comment", "kind", "rest", "kwd_attrs"}
+)
+_CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _fields_with_nodes(node_type: type) -> tuple[str, ...]:
+    if node_type in (ast.Constant, ast.Global, ast.Nonlocal):
+        return ()  # a value, or a list of plain names (an import's `names` are nodes)
+    if node_type is getattr(ast, "TypeAlias", None):
+        return node_type._fields  # Python 3.12's `type X = ...`: its `name` is a Name node
+    return tuple(f for f in node_type._fields if f not in _LEAF_FIELDS)
+
 
 class IndexQueries:
     """Mixin of `Facts` (see the module docstring); reads the state `Facts.__init__` sets."""
@@ -36,18 +52,22 @@ class IndexQueries:
         parents = self.parents
         scope_nodes = self.scope_nodes
         calls_by_statement = self.calls_by_statement
+        calls_by_scope = self.calls_by_scope
         stmt_type, ast_type = ast.stmt, ast.AST
         name_type, constant_type = ast.Name, ast.Constant
         Entry = tuple[ast.AST, ScopeNode, "ast.ClassDef | None", "ast.stmt | None"]
         stack: list[Entry] = [(self.tree, self.tree, None, None)]
         self.assignments[self.tree] = {}
         scope_nodes[self.tree] = []
+        child_fields = _CHILD_FIELDS
         while stack:
             node, scope, klass, statement = stack.pop()
             in_scope = scope_nodes[scope]
-            for field_name in node._fields:
-                if field_name == "ctx":
-                    continue
+            node_type = type(node)
+            fields = child_fields.get(node_type)
+            if fields is None:
+                fields = child_fields[node_type] = _fields_with_nodes(node_type)
+            for field_name in fields:
                 value = getattr(node, field_name, None)
                 if isinstance(value, list):
                     children = value
@@ -66,6 +86,7 @@ class IndexQueries:
                     if child_type in _PLAIN_TYPES:
                         if child_type is ast.Call:
                             self.calls.append(child)
+                            calls_by_scope.setdefault(scope, []).append(child)
                             if statement is not None:
                                 calls_by_statement.setdefault(statement, []).append(child)
                         stack.append((child, scope, klass, statement))
@@ -261,7 +282,7 @@ class IndexQueries:
         cached = self._calls_in.get(node)
         if cached is None:
             if node in self.scope_nodes:
-                cached = [n for n in self.scope_nodes[node] if isinstance(n, ast.Call)]
+                cached = list(self.calls_by_scope.get(node, ()))
             elif isinstance(node, ast.stmt):
                 # Calls were indexed by their nearest statement during the single walk, so a
                 # compound statement is its own (header) calls plus its children's.
@@ -382,7 +403,7 @@ class IndexQueries:
                 for a in candidates
                 if (
                     (a.stmt.lineno, a.stmt.col_offset) < use_position
-                    and not self.is_inside(name, a.stmt)
+                    and not self._within(name, use_position, a.stmt)
                 )
                 or (a.loop is not None and self.is_inside(name, a.loop))
             ]
@@ -392,6 +413,14 @@ class IndexQueries:
                 return max(before, key=lambda a: (a.stmt.lineno, a.stmt.col_offset))
             return None
         return None
+
+    def _within(self, node: ast.AST, position: tuple[int, int], stmt: ast.stmt) -> bool:
+        """`is_inside(node, stmt)` for a node at `position`: a node past the end of the
+        statement's text cannot be inside it, which answers most questions without a walk."""
+        end = getattr(stmt, "end_lineno", None)
+        if end is not None and position > (end, stmt.end_col_offset or 0):
+            return False
+        return self.is_inside(node, stmt)
 
     def binding_alternatives(self, name: ast.Name) -> list[Assignment] | None:
         """The bindings of `name` that reach this read on different paths, when an `if`

@@ -205,10 +205,10 @@ def regression_shape_broadcast(facts: Facts) -> Iterator[Hit]:
                 "makes an `[N, N]` loss",
                 _squeeze_fix(facts, column_side),
             )
-    for node in facts.scope_nodes.get(facts.tree, []) + [
-        n for scope, nodes in facts.scope_nodes.items() if scope is not facts.tree for n in nodes
-    ]:
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub):
+    scopes = [facts.scope_nodes.get(facts.tree, [])]
+    scopes += [nodes for scope, nodes in facts.scope_nodes.items() if scope is not facts.tree]
+    for node in (node for nodes in scopes for node in nodes if type(node) is ast.BinOp):
+        if isinstance(node.op, ast.Sub):
             column_side = _mismatch(facts, node.left, node.right)
             if column_side is not None:
                 yield Hit(
