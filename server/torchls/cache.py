@@ -43,34 +43,12 @@ from typing import Any
 
 import torchls
 from torchls.analysis import Edit, Finding, Fix, Related, Span, SyntaxProblem
+from torchls.analysis.index import NOT_PROJECT_DIRS
 
-CACHE_DIR_NAME = ".torchls_cache"
+CACHE_DIR_NAME = ".torchls_cache"  # one of NOT_PROJECT_DIRS: never walked, never a module
 SCHEMA = 1
 MISSING = "missing"  # the digest recorded for a dependency that could not be read
 
-# Folders that hold other people's code, tool caches or build output: never project modules,
-# and never walked by `check` either (the checker uses this same set).
-NOT_PROJECT_DIRS = frozenset(
-    {
-        ".git",
-        ".hg",
-        ".svn",
-        ".venv",
-        "venv",
-        ".tox",
-        ".nox",
-        ".eggs",
-        ".mypy_cache",
-        ".pytest_cache",
-        ".ruff_cache",
-        "node_modules",
-        "__pycache__",
-        "build",
-        "dist",
-        "site-packages",
-        CACHE_DIR_NAME,
-    }
-)
 LAYOUT_LIMIT = 100_000  # files; past this the layout is not walked (and nothing is cached)
 
 

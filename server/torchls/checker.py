@@ -41,9 +41,9 @@ from torchls.analysis import (
 )
 from torchls.analysis.fix_engine import fix_until_stable
 from torchls.analysis.fixes import fixes_to_apply
+from torchls.analysis.index import NOT_PROJECT_DIRS
 from torchls.analysis.selection import normalise_selectors
 from torchls.cache import (
-    NOT_PROJECT_DIRS,
     CachedReport,
     ResultCache,
     cache_folder,

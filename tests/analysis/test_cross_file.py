@@ -113,12 +113,62 @@ def test_library_imports_are_not_resolved(project: Path) -> None:
     assert workspace.jedi_calls == 0
 
 
-def test_jedi_is_the_fallback_for_what_the_index_cannot_name(project: Path) -> None:
-    # A name the index finds no file for (an installed or generated module) still goes to jedi.
+def test_a_module_no_project_file_holds_is_not_asked_of_jedi(project: Path) -> None:
+    # The index walked the whole project: an import it finds no file for (an installed or
+    # generated module) can name no project file, so jedi is not asked about it.
     (project / "train.py").write_text(TRAIN.replace("from models import", "from vendored import"))
     workspace = Workspace(project)
+    assert not [f for f in findings(project, workspace) if f.code == "TL101"]
+    assert workspace.jedi_calls == 0
+
+
+def test_jedi_is_the_fallback_where_the_index_cannot_walk(project: Path) -> None:
+    # No root folder: the index knows only the script's own folder, so what it cannot name
+    # still goes to jedi (Net and build_classifier).
+    (project / "train.py").write_text(TRAIN.replace("from models import", "from vendored import"))
+    workspace = Workspace(None)
     findings(project, workspace)
-    assert workspace.jedi_calls == 2  # Net and build_classifier
+    assert workspace.jedi_calls == 2
+
+
+def test_a_module_on_a_folder_the_script_adds_to_sys_path(project: Path) -> None:
+    # `tools/train.py` runs with `lib/` put on sys.path by hand: `models` is `lib/models.py`,
+    # the one project file whose dotted path ends in `models`.
+    (project / "lib").mkdir()
+    (project / "models.py").rename(project / "lib" / "models.py")
+    (project / "tools").mkdir()
+    script = "import sys\nsys.path.insert(0, '../lib')\n" + TRAIN
+    (project / "tools" / "train.py").write_text(script)
+    (project / "train.py").unlink()
+    workspace = Workspace(project)
+    path = project / "tools" / "train.py"
+    found = [
+        f for f in analyze(script, str(path), workspace=workspace).findings if f.code == "TL101"
+    ]
+    assert [f.related[0].filename for f in found[:1]] == [
+        str((project / "lib" / "models.py").resolve())
+    ]
+    assert workspace.jedi_calls == 0
+
+
+def test_two_files_with_the_same_dotted_tail_are_not_guessed_between(project: Path) -> None:
+    (project / "tools" / "sub").mkdir(parents=True)
+    for folder in ("a", "b"):
+        (project / folder).mkdir()
+        (project / folder / "nets.py").write_text(MODELS_SOFTMAX)
+    script = project / "tools" / "sub" / "train.py"
+    script.write_text(TRAIN.replace("from models import", "from nets import"))
+    workspace = Workspace(project)
+    assert workspace.index.locate(script.resolve(), "nets.Net") is None
+    found = analyze(script.read_text(), str(script), workspace=workspace).findings
+    assert not [f for f in found if f.code == "TL101" and "nets.py" in f.message]
+    # A copy in a folder above the script wins over the others: it is the nearer one.
+    (project / "tools" / "nets.py").write_text(MODELS_SOFTMAX)
+    workspace.invalidate()
+    assert workspace.index.locate(script.resolve(), "nets.Net") == (
+        (project / "tools" / "nets.py").resolve(),
+        "Net",
+    )
 
 
 def test_files_outside_the_workspace_root_are_ignored(project: Path, tmp_path_factory) -> None:
@@ -224,7 +274,8 @@ def test_a_model_chosen_by_a_flag_is_followed_on_each_path(tmp_path: Path) -> No
 
 def test_a_re_export_is_followed_without_jedi_on_the_quick_pass(tmp_path: Path) -> None:
     # The package re-exports a name from a module outside the project: the quick (cached)
-    # pass must not ask jedi about it on the way, only note that an answer is missing.
+    # pass must not ask jedi about it on the way. The index has walked the project, so it
+    # knows no project file holds that module: no answer is missing, no slower pass needed.
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("from vendored_models import Net\n")
     train = tmp_path / "train.py"
@@ -233,4 +284,10 @@ def test_a_re_export_is_followed_without_jedi_on_the_quick_pass(tmp_path: Path) 
     view = workspace.cached_view()
     analyze(train.read_text(), str(train), workspace=view)
     assert workspace.jedi_calls == 0
+    assert not view.missed
+    # Where the index cannot walk (no root), the quick pass notes the missing answer.
+    rootless = Workspace(None)
+    view = rootless.cached_view()
+    analyze(train.read_text(), str(train), workspace=view)
+    assert rootless.jedi_calls == 0
     assert view.missed

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from lsprotocol import types
 
-from .support import TRAIN, RecordingClient, diagnostics_of, open_doc, position_of
+from .support import TRAIN, RecordingClient, change_doc, diagnostics_of, open_doc, position_of
 
 # The call sits between an emoji and more code, so a position converted in the wrong units
 # lands outside it.
@@ -45,3 +45,28 @@ async def test_hover_away_from_a_loss_is_empty(client: RecordingClient, tmp_path
     hover = await hover_at(client, doc.uri, position_of(TRAIN, "zero_grad", client.encoding))
 
     assert hover is None
+
+
+async def test_hover_follows_each_new_version_of_the_text(client: RecordingClient, tmp_path):
+    """Hovers of one version share one table of contracts; an edit makes a new one, so the
+    hover never shows the contract of text that is gone."""
+    since = len(client.publishes)
+    doc = open_doc(client, tmp_path / "train.py", SCRIPT)
+    await diagnostics_of(client, doc, since)
+    where = position_of(SCRIPT, "F.cross_entropy", client.encoding)
+    for _ in range(3):
+        hover = await hover_at(client, doc.uri, where)
+        assert hover is not None
+        assert "CrossEntropyLoss" in hover.contents.value  # type: ignore[union-attr]
+        assert "softmax" in hover.contents.value  # type: ignore[union-attr]
+
+    # Same length and place: the loss becomes a regression loss on the logits.
+    edited = SCRIPT.replace("F.cross_entropy(probs, y)", "F.mse_loss(logits, y)    ")
+    change_doc(client, doc, edited)
+    hover = await hover_at(client, doc.uri, position_of(edited, "F.mse_loss", client.encoding))
+    assert hover is not None
+    assert "MSELoss" in hover.contents.value  # type: ignore[union-attr]
+    assert "CrossEntropyLoss" not in hover.contents.value  # type: ignore[union-attr]
+
+    change_doc(client, doc, edited.replace("F.mse_loss(logits, y)", "print(logits, y)     "))
+    assert await hover_at(client, doc.uri, where) is None

@@ -1,7 +1,8 @@
 """Pure static analysis of PyTorch training code: source text in, findings out.
 
-Never imports pygls or torch. The one entry point is `analyze()`; `loss_contract_at()` serves
-the editor hover. Rules live in `torchls.analysis.rules`, registered in `registry`.
+Never imports pygls or torch. The one entry point is `analyze()`; `loss_contracts()` (and
+`loss_contract_at()`) serve the editor hover. Rules live in `torchls.analysis.rules`,
+registered in `registry`.
 """
 
 from __future__ import annotations
@@ -9,12 +10,17 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from torchls.analysis.findings import Edit, Finding, Fix, Position, Related, Span
 from torchls.analysis.registry import RULES, Hit, Rule, all_rules, get_rule
 from torchls.analysis.resolver import CachedView, Workspace, imports_project_names
 from torchls.analysis.source import ParsedSource, SourceError, SyntaxProblem, decode_source
+
+if TYPE_CHECKING:
+    from torchls.analysis.contracts import ContractTable
 
 __all__ = [
     "RULES",
@@ -31,8 +37,10 @@ __all__ = [
     "Workspace",
     "all_rules",
     "analyze",
+    "forget_caches",
     "get_rule",
     "loss_contract_at",
+    "loss_contracts",
 ]
 
 
@@ -75,10 +83,18 @@ def analyze(
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _analyze(source, filename, enabled, respect_noqa, workspace, previous, budget_s)
+        with _analysing(workspace):
+            return _analyze(source, filename, enabled, respect_noqa, workspace, previous, budget_s)
     finally:
         if gc_was_enabled:
             gc.enable()
+
+
+def _analysing(workspace: Workspace | CachedView | None) -> AbstractContextManager[None]:
+    """The workspace's `analysing()` guard (facts it drops meanwhile stay intact), or none."""
+    project = workspace.workspace if isinstance(workspace, CachedView) else workspace
+    guard = getattr(project, "analysing", None)
+    return guard() if guard is not None else nullcontext()
 
 
 def _analyze(
@@ -135,6 +151,17 @@ def _analyze(
             facts.release()  # freed now by reference counting (see `Facts.release`)
 
 
+def forget_caches() -> None:
+    """Empty the analysis's process-wide caches (function summaries by text, kinds by name):
+    an editor with no document open calls this, so their entries, spread over the heap
+    between freed syntax trees, do not keep that memory from going back to the system."""
+    from torchls.analysis.queries.kinds import _kind_from_name
+    from torchls.analysis.summaries import forget_summaries
+
+    forget_summaries()
+    _kind_from_name.cache_clear()
+
+
 def _to_finding(rule_: Rule, hit: Hit, parsed: ParsedSource) -> Finding:
     span = hit.where if isinstance(hit.where, Span) else parsed.span(hit.where, hit.end)
     return Finding(rule_.code, hit.message, rule_.severity, span, hit.fix, hit.related)
@@ -148,12 +175,29 @@ def loss_contract_at(
     workspace: Workspace | CachedView | None = None,
 ) -> str | None:
     """Markdown describing the loss contract at a 1-based row / 0-based code-point column."""
-    from torchls.analysis.contracts import contract_markdown_at
+    table = loss_contracts(source, filename, workspace)
+    return table.markdown_at(row, column) if table is not None else None
+
+
+def loss_contracts(
+    source: str,
+    filename: str = "<stdin>",
+    workspace: Workspace | CachedView | None = None,
+) -> ContractTable | None:
+    """Every loss contract of `source` by position (`ContractTable.markdown_at`): an editor
+    builds it once per document version and answers each hover from it. None when the text
+    cannot be analysed."""
+    from torchls.analysis.contracts import contract_table
     from torchls.analysis.facts import build_facts
     from torchls.analysis.source import parse_source
 
+    facts = None
     try:
-        parsed = parse_source(source)
-        return contract_markdown_at(build_facts(parsed, filename, workspace), row, column)
+        with _analysing(workspace):
+            facts = build_facts(parse_source(source), filename, workspace)
+            return contract_table(facts)
     except (SourceError, RecursionError):
         return None
+    finally:
+        if facts is not None:
+            facts.release()

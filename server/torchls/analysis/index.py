@@ -15,11 +15,21 @@ dotted name); the file system is asked again only after `forget()`.
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
 # `src/` layouts: the package lives one level below the root.
 SOURCE_FOLDERS = ("", "src")
+
+# Folders that hold other people's code, tool caches or build output: never project modules.
+# The checker's file discovery and the result cache skip the same set.
+NOT_PROJECT_DIRS = frozenset(
+    {".git", ".hg", ".svn", ".venv", "venv", ".tox", ".nox", ".eggs", ".mypy_cache"}
+    | {".pytest_cache", ".ruff_cache", "node_modules", "__pycache__", "build", "dist"}
+    | {"site-packages", ".torchls_cache"}
+)
+MODULES_LIMIT = 200_000  # directory entries; a larger tree is not walked for module paths
 
 
 class ProjectIndex:
@@ -29,12 +39,29 @@ class ProjectIndex:
         self.root = root
         self._lock = threading.Lock()
         self._modules: dict[tuple[Path, str], Path | None] = {}
+        # Last dotted part -> (every dotted part, file) of each project module; walked once.
+        self._tails: dict[str, list[tuple[tuple[str, ...], Path]]] | None = None
+        self._walked = False
         self.lookups = 0
 
     def forget(self) -> None:
         """Drop every cached answer (a file appeared or vanished)."""
         with self._lock:
             self._modules.clear()
+            self._tails = None
+            self._walked = False
+
+    def module_paths(self) -> dict[str, list[tuple[tuple[str, ...], Path]]] | None:
+        """Every module file under the root by its last dotted part: `a/b/c.py` is
+        `("a", "b", "c")` under "c", `a/b/__init__.py` is `("a", "b")` under "b". None with
+        no root, or for a tree too large to walk."""
+        with self._lock:
+            if self._walked:
+                return self._tails
+        tails = _walk_modules(self.root) if self.root is not None else None
+        with self._lock:
+            self._tails, self._walked = tails, True
+        return tails
 
     def module_file(self, importer: Path, dotted: str) -> Path | None:
         """The file of module `dotted` (`pkg.losses`, `.utils`, `..models`) as imported from
@@ -88,6 +115,31 @@ class ProjectIndex:
             found = _module_at(base, parts)
             if found is not None and self._inside(found):
                 return found
+        return self._by_dotted_path(importer, tuple(parts))
+
+    def _by_dotted_path(self, importer: Path, parts: tuple[str, ...]) -> Path | None:
+        """A module found on a folder the script puts on `sys.path` itself (`sys.path.append
+        ("../lib")`, a launcher run from another folder): the one project file whose path
+        ends in `parts`; among several, the one whose folder is the nearest ancestor of the
+        importer (none, or a tie: unknown)."""
+        tails = self.module_paths()
+        if not tails:
+            return None
+        found = [
+            path for dotted, path in tails.get(parts[-1], ()) if dotted[-len(parts) :] == parts
+        ]
+        if len(found) <= 1:
+            return found[0] if found else None
+        importer_folder = importer.resolve().parent
+        best: list[tuple[int, Path]] = []
+        for path in found:
+            folder = path.parent if path.name != "__init__.py" else path.parent.parent
+            base = folder.parents[len(parts) - 2] if len(parts) > 1 else folder
+            if importer_folder == base or base in importer_folder.parents:
+                best.append((len(base.parts), path))
+        best.sort(reverse=True)
+        if best and (len(best) == 1 or best[0][0] > best[1][0]):
+            return best[0][1]
         return None
 
     def _inside(self, path: Path) -> bool:
@@ -111,3 +163,27 @@ def _module_at(base: Path, parts: list[str]) -> Path | None:
 def _package_init(folder: Path) -> Path | None:
     init = folder / "__init__.py"
     return init.resolve() if init.is_file() else None
+
+
+def _walk_modules(root: Path) -> dict[str, list[tuple[tuple[str, ...], Path]]] | None:
+    tails: dict[str, list[tuple[tuple[str, ...], Path]]] = {}
+    seen = 0
+    resolved = root.resolve()
+    for folder, dirs, files in os.walk(resolved):
+        dirs[:] = sorted(d for d in dirs if d not in NOT_PROJECT_DIRS and not d.startswith("."))
+        seen += len(dirs) + len(files)
+        if seen > MODULES_LIMIT:
+            return None
+        # Only the dotted tail that an import names must be identifiers (`my-scripts/` may
+        # be the folder a script puts on `sys.path`).
+        relative = Path(folder).relative_to(resolved).parts
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            stem = name[:-3]
+            if stem == "__init__":
+                if relative:
+                    tails.setdefault(relative[-1], []).append((relative, Path(folder) / name))
+            elif stem.isidentifier():
+                tails.setdefault(stem, []).append(((*relative, stem), Path(folder) / name))
+    return tails

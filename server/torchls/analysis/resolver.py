@@ -1,13 +1,16 @@
-"""Cross-file resolution: imported names → their definitions in the user's project, via jedi.
+"""Cross-file resolution: imported names → their definitions in the user's project.
 
 In: the `Facts` of one file and a local name it imported (`from models import Net`). Out: the
 `Facts` of the defining file and the class or function node, so the analysis can follow a model
 class's `forward`, a factory returning an `nn.Sequential`, or a loss wrapper into `models.py`.
 
-One `Workspace` serves the whole analysis. It caches, per file *content*, the parsed facts of
-other files and jedi's answers, so an edit to `models.py` (in the editor, through the overlay,
-or on disk) is seen on the next request and unchanged files cost nothing. Only definitions inside
-the workspace root count: libraries are not analysed.
+One `Workspace` serves the whole analysis. Its project index (`index.py`) names the file of
+every project module from the file system, by any dotted tail, so a script that puts its own
+folders on `sys.path` is followed too; jedi is asked only when there is no root folder or the
+tree is too large for the index to walk. It caches, per file *content*, the parsed facts of
+other files (and jedi's answers), so an edit to `models.py` (in the editor, through the
+overlay, or on disk) is seen on the next request and unchanged files cost nothing. Only
+definitions inside the workspace root count: libraries are not analysed.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from __future__ import annotations
 import ast
 import hashlib
 import threading
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -57,6 +62,9 @@ LIBRARY_ROOTS = {
     "scipy",
 }
 MAX_FOLLOW_DEPTH = 3
+# Other project files whose facts stay cached: enough for the modules a project's scripts
+# share (models, losses, utils), while a server with hundreds of files open stays small.
+FACTS_LIMIT = 64
 
 Overlay = Callable[[Path], "str | None"]
 
@@ -80,7 +88,11 @@ class Workspace:
         self.root = Path(root).resolve() if root else None
         self.overlay = overlay
         self._lock = threading.RLock()
-        self._facts: dict[Path, tuple[str, Facts]] = {}
+        # Least recently used first; at most FACTS_LIMIT files (a full tree and index each).
+        self._facts: OrderedDict[Path, tuple[str, Facts]] = OrderedDict()
+        # Facts taken out of the cache, released when no analysis is running (`analysing`).
+        self._dropped: list[Facts] = []
+        self._active = 0
         # Keyed by the import itself (file, local name, what it imports), not the file's whole
         # text, so typing elsewhere in the file keeps the answer.
         self._answers: dict[tuple[Path, str, str], tuple[Path, int] | None] = {}
@@ -119,7 +131,10 @@ class Workspace:
         with self._lock:
             cached = self._facts.get(path)
             if cached is not None and cached[0] == digest:
+                self._facts.move_to_end(path)
                 return cached[1]
+            if cached is not None:
+                self._evict(path)  # changed on disk: its importers' memos point at the old
         from torchls.analysis.facts import build_facts
         from torchls.analysis.source import SourceError, parse_source
 
@@ -129,19 +144,53 @@ class Workspace:
             return None
         with self._lock:
             self._facts[path] = (digest, facts)
+            self._facts.move_to_end(path)
+            while len(self._facts) > FACTS_LIMIT:
+                self._evict(next(iter(self._facts)))
         return facts
+
+    def _evict(self, path: Path) -> None:
+        """Drop the facts of `path` and of every cached file whose memos may point into them
+        (the files that followed a name into it, and theirs): a kept importer would keep the
+        evicted facts alive through its memos, and the bound would not bound anything."""
+        todo = [path]
+        while todo:
+            current = todo.pop()
+            dropped = self._facts.pop(current, None)
+            if dropped is not None:
+                self._dropped.append(dropped[1])
+                todo.extend(self._dependents.get(current, ()))
+
+    @contextmanager
+    def analysing(self) -> Iterator[None]:
+        """Around one analysis that may use this workspace's facts. Facts dropped from the
+        cache are released (their cycles broken, see `Facts.release`) once no analysis is
+        running: one may still be reading them until it ends."""
+        with self._lock:
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._active -= 1
+                dropped = self._dropped if self._active == 0 else []
+                if dropped:
+                    self._dropped = []
+            for facts in dropped:
+                facts.release()
 
     def invalidate(self, path: str | Path | None = None) -> None:
         """Forget cached facts (of one file, or all); content hashing makes this an optimisation,
         not a correctness requirement."""
         with self._lock:
             if path is None:
+                self._dropped.extend(facts for _, facts in self._facts.values())
                 self._facts.clear()
                 self._scripts.clear()
                 self._answers.clear()
                 self.index.forget()
             else:
-                self._facts.pop(Path(path).resolve(), None)
+                self._evict(Path(path).resolve())
                 self._scripts.pop(Path(path).resolve(), None)
                 # A file that appeared or vanished can change where any import points.
                 self._answers.clear()
@@ -187,6 +236,10 @@ class Workspace:
         indexed = self._resolve_by_index(path, imported, depth, view)
         if indexed is not None:
             return indexed or None
+        if self.index.module_paths() is not None:
+            # The index has seen every module file under the root, by every dotted tail:
+            # what it cannot place is no project file, and jedi could only name a library.
+            return None
         key = (path, local_name, imported)
         with self._lock:
             known = key in self._answers

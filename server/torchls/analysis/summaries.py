@@ -118,6 +118,12 @@ def _text_key(facts: Facts, function: FunctionNode) -> str:
     ).hexdigest()
 
 
+def forget_summaries() -> None:
+    """Drop every summary cached by function text (see `analysis.forget_caches`)."""
+    with _text_lock:
+        _text_cache.clear()
+
+
 def summary_of(facts: Facts, function: FunctionNode, depth: int = 0) -> Summary:
     """The summary of `function` (defined in the file of `facts`), memoised."""
     memo = facts._summaries

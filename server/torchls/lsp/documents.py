@@ -34,8 +34,9 @@ from lsprotocol import types
 from pygls.uris import to_fs_path
 from pygls.workspace import TextDocument, Workspace
 
-from torchls.analysis import Finding, analyze
+from torchls.analysis import Finding, analyze, forget_caches
 from torchls.analysis import Workspace as ProjectWorkspace
+from torchls.analysis.contracts import ContractTable
 from torchls.analysis.selection import RuleSelection
 from torchls.analysis.source import ParsedSource
 from torchls.config import config_or_defaults
@@ -139,6 +140,9 @@ class DocumentState:
     saved: Snapshot | None = None  # text at didOpen / didSave (what run=onSave checks)
     cache: dict[tuple[int | None, int, str, int, bool], Outcome] = field(default_factory=dict)
     closed: bool = False  # set at didClose (and when a repeated didOpen replaces it)
+    # Hover's loss contracts of one text (keyed by the text and the dependency generation):
+    # built at the first hover of a version, a look-up for every hover after it.
+    contracts: tuple[tuple[str, int], ContractTable | None] | None = None
 
     def keep(self, task: asyncio.Task[None]) -> None:
         """Hold a reference until the task ends (the event loop only keeps weak ones)."""
@@ -272,7 +276,7 @@ class Documents:
     def _release_memory(self) -> None:
         self._trim = None
         with contextlib.suppress(RuntimeError):
-            self.analysis_pool.submit(release_memory)
+            self.analysis_pool.submit(release_memory, not self.states)
 
     # -- snapshots ------------------------------------------------------------------------------
 
@@ -528,14 +532,17 @@ class Documents:
         self.analysis_pool.shutdown(wait=False, cancel_futures=True)
 
 
-def release_memory() -> None:
+def release_memory(nothing_open: bool = False) -> None:
     """Collect the cycles closed documents left and hand free heap pages back to the system
     (glibc keeps them otherwise, and the server's RSS would stay at its high-water mark).
     parso's parse cache (jedi's, filled by cross-file resolution) goes too: it keeps the tree
-    of every module jedi ever read, and jedi reads it back from parso's disk cache on demand."""
+    of every module jedi ever read, and jedi reads it back from parso's disk cache on demand.
+    With `nothing_open`, the analysis's own process-wide caches go as well."""
     parso_cache = sys.modules.get("parso.cache")
     with contextlib.suppress(Exception):
         parso_cache.parser_cache.clear()  # type: ignore[union-attr]
+    if nothing_open:
+        forget_caches()
     gc.collect()
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):

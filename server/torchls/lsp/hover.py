@@ -1,9 +1,10 @@
 """Hover: the static contract of the loss under the cursor, and the last repro's trace.
 
-In: `textDocument/hover` at an LSP position. Out: Markdown from
-`torchls.analysis.loss_contract_at` when the cursor is on a loss, and from the hover layers
-other features subscribe on the server (the repro's, when the last repro traced the line or the
-value under the cursor; both, one after the other, when both apply), or None. Clients that
+In: `textDocument/hover` at an LSP position. Out: Markdown from the document version's
+`torchls.analysis.loss_contracts` table (built at its first hover) when the cursor is on a
+loss, and from the hover layers other features subscribe on the server (the repro's, when the
+last repro traced the line or the value under the cursor; both, one after the other, when
+both apply), or None. Clients that
 take only plain text get the same rendered by `plaintext` (tables aligned, no Markdown
 markers).
 """
@@ -15,19 +16,19 @@ import logging
 
 from lsprotocol import types
 
-from torchls.analysis import loss_contract_at
+from torchls.analysis import loss_contracts
+from torchls.analysis.contracts import ContractTable
 from torchls.analysis.resolver import CachedView
 from torchls.lsp import plaintext
+from torchls.lsp.documents import Snapshot
 from torchls.lsp.server import MAX_DOCUMENT_CHARS, TorchLanguageServer
 
 logger = logging.getLogger(__name__)
 
 
-def _contract(
-    source: str, row: int, column: int, filename: str, workspace: CachedView | None
-) -> str | None:
+def _contracts(source: str, filename: str, workspace: CachedView | None) -> ContractTable | None:
     try:
-        return loss_contract_at(source, row, column, filename, workspace)
+        return loss_contracts(source, filename, workspace)
     except Exception:  # a hover must never take the server down
         logger.exception("loss contract lookup failed")
         return None
@@ -42,19 +43,8 @@ async def hover(server: TorchLanguageServer, params: types.HoverParams) -> types
     if len(snapshot.source) > MAX_DOCUMENT_CHARS:
         return None
     row, column = server.line_index(snapshot.source).from_position(params.position)
-    path, _ = server.docs.paths_of(snapshot.uri)
-    loop = asyncio.get_running_loop()
-    # Names imported from other project files are followed as far as already resolved.
-    workspace = server.docs.project.cached_view() if path is not None else None
-    markdown = await loop.run_in_executor(
-        server.docs.analysis_pool,
-        _contract,
-        snapshot.source,
-        row,
-        column,
-        path or snapshot.uri,
-        workspace,
-    )
+    table = await _table_for(server, snapshot)
+    markdown = table.markdown_at(row, column) if table is not None else None
     # What other features add (the repro's traced tensors), subscribed on the server.
     runtime = [await layer(snapshot, row, column) for layer in server.hover_layers]
     parts = [part for part in (markdown, *runtime) if part]
@@ -67,6 +57,25 @@ async def hover(server: TorchLanguageServer, params: types.HoverParams) -> types
     else:
         content = types.MarkupContent(kind=types.MarkupKind.Markdown, value=markdown)
     return types.Hover(contents=content)
+
+
+async def _table_for(server: TorchLanguageServer, snapshot: Snapshot) -> ContractTable | None:
+    """The contracts of this text: built on the analysis thread at its first hover, then
+    reused until the text (or what other project files say) changes."""
+    state = server.docs.states.get(snapshot.uri)
+    key = (snapshot.source, server.docs.dependency_generation)
+    if state is not None and state.contracts is not None and state.contracts[0] == key:
+        return state.contracts[1]
+    path, _ = server.docs.paths_of(snapshot.uri)
+    # Names imported from other project files are followed as far as already resolved.
+    workspace = server.docs.project.cached_view() if path is not None else None
+    loop = asyncio.get_running_loop()
+    table = await loop.run_in_executor(
+        server.docs.analysis_pool, _contracts, snapshot.source, path or snapshot.uri, workspace
+    )
+    if state is not None and server.docs.states.get(snapshot.uri) is state:
+        state.contracts = (key, table)
+    return table
 
 
 def register(server: TorchLanguageServer) -> None:
