@@ -43,6 +43,9 @@ def test_line_index_counts_every_lsp_line_terminator():
     assert index.position(4, 2) == types.Position(3, 3)
     assert index.from_position(types.Position(3, 3)) == (4, 2)
     assert index.position_at_offset(index.text.index("c")) == types.Position(2, 0)
+    # Each row starts just past its terminator, whichever of the three it is.
+    assert [index.offset_of(row, 0) for row in (1, 2, 3, 4)] == [0, 3, 5, 7]
+    assert index.position_at_offset(2) == types.Position(0, 1)  # inside "\r\n": line end
     # Past the end of the text: the end of the last line.
     assert index.from_position(types.Position(10, 0)) == (4, 2)
     assert index.range(Span.of(1, 0, 4, 1)) == types.Range(

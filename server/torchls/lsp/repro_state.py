@@ -252,8 +252,8 @@ class ReproStore:
 
     def for_path(self, path: str | None) -> Iterator[tuple[ReproResult, FileTrace]]:
         """Every result with something for `path`, newest run first."""
-        if path is None:
-            return
+        if path is None or not self._results:
+            return  # nothing to look in: spare the path resolution (asked at every publish)
         key = real_path(path)
         for result in sorted(self._results.values(), key=lambda r: -r.run_id):
             trace = result.files.get(key)
