@@ -680,8 +680,10 @@ def _statements_saving_modes(facts: Facts) -> dict[ast.AST, str]:
     found: dict[ast.AST, str] = {}
     if ".training" not in facts.source.text:
         return found  # most files never read a module's mode
-    for nodes in facts.scope_nodes.values():
-        for node in nodes:
+    # Every `name = value` is in the binding tables: far fewer entries than nodes.
+    for table in facts.assignments.values():
+        for binding in (b for bindings in table.values() for b in bindings):
+            node = binding.stmt
             if not (
                 type(node) is ast.Assign
                 and len(node.targets) == 1

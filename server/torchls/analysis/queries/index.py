@@ -366,6 +366,8 @@ class IndexQueries:
 
     def key(self, expr: ast.AST | None) -> str | None:
         """A stable text key for a simple receiver: `model`, `self.model`, `self.net.encoder`."""
+        if type(expr) is ast.Name:
+            return expr.id  # most keys asked for: no list, no join
         parts: list[str] = []
         while isinstance(expr, ast.Attribute):
             parts.append(expr.attr)
