@@ -18,6 +18,7 @@ class Progress:
     def __init__(self, fd: int | None, tag: Any = None) -> None:
         self._fd = fd
         self._tag = tag
+        self.rank: int | None = None  # a rank of a distributed repro says which it is
 
     def emit(self, stage: str, message: str, **extra: Any) -> None:
         if self._fd is None:
@@ -25,6 +26,8 @@ class Progress:
         event: dict[str, Any] = {"event": "progress", "stage": stage, "message": message}
         if self._tag is not None:
             event["id"] = self._tag
+        if self.rank is not None:
+            event["rank"] = self.rank
         event.update(extra)
         line = (json.dumps(event, separators=(",", ":")) + "\n").encode("utf-8")
         try:

@@ -47,6 +47,9 @@ class Request:
     initial_save: str | None = None  # --compare baseline: the models' weights at first call
     initial_load: str | None = None  # --compare candidate: start from the baseline's weights
     command: str = ""
+    # A rank of a distributed repro (`torchls repro --nproc N`): the report file of each local
+    # rank, the shared exchange folder, the collective timeout, when torchrun was launched.
+    distributed: dict[str, Any] | None = None
 
     @property
     def batch_cap(self) -> int:
@@ -83,6 +86,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "initial_save": (str, type(None)),
     "initial_load": (str, type(None)),
     "command": (str,),
+    "distributed": (dict, type(None)),
 }
 
 
@@ -123,6 +127,13 @@ def _check_values(request: Request) -> None:
         raise RequestError("request key 'timeout_s' must be positive")
     if not all(isinstance(arg, str) for arg in request.argv):
         raise RequestError("request key 'argv' must be a list of strings")
+    block = request.distributed
+    if block is not None:
+        reports = block.get("reports")
+        if not isinstance(reports, list) or not all(isinstance(r, str) for r in reports):
+            raise RequestError("request key 'distributed' needs 'reports', a list of paths")
+        if not isinstance(block.get("exchange"), str):
+            raise RequestError("request key 'distributed' needs 'exchange', a folder")
     if not valid_device(request.device):
         raise RequestError(f"request key 'device' must be {DEVICES_HELP}, got {request.device!r}")
 

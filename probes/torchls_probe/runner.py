@@ -9,6 +9,7 @@ CPU runs, for which that makes no difference.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import os
@@ -39,6 +40,12 @@ def run(request: Request, progress: Progress, started: float | None = None) -> i
     started = time.monotonic() if started is None else started
     timing: dict[str, float] = {}
     outcome = Outcome()
+    from torchls_probe import ranks
+
+    # A rank of a distributed repro: its own report file, a budget counted from the launch.
+    identity = ranks.adopt(request, started)
+    if identity is not None:
+        progress.rank = identity.rank
     if request.output_file:
         budget = capture_output(request.output_file, request.output_cap_bytes)
     else:
@@ -51,10 +58,11 @@ def run(request: Request, progress: Progress, started: float | None = None) -> i
         terminal.attach()
     if "torch" not in sys.modules:
         prepare_environment(request.device)
-    arm_alarm(started + max(0.5, request.timeout_s - _REPORT_MARGIN))
+    late = identity.late_s if identity is not None else 0.0
+    arm_alarm(started - late + max(0.5, request.timeout_s - _REPORT_MARGIN))
     if request.mode == "inspect":
         return _inspect(request, started)
-    state: dict[str, Any] = {}
+    state: dict[str, Any] = {"identity": identity}
     try:
         _run_traced(request, progress, outcome, state, timing, started)
     except BaseException as error:
@@ -170,6 +178,8 @@ def _run_traced(
     if request.cwd or request.root:
         os.chdir(request.cwd or request.root)
     state["undo"] = hooks.install()
+    if state.get("identity") is not None:
+        _install_distributed(request, state, trace, roots, started)
     if request.mode == "script":
         from torchls_probe.targets import run_script
 
@@ -179,6 +189,25 @@ def _run_traced(
     else:
         _run_function(request, progress, tracer, state, determinism)
     outcome.stopped_by = "end"
+
+
+def _install_distributed(
+    request: Request, state: dict[str, Any], trace: Any, roots: Any, started: float
+) -> None:
+    """A rank of a distributed repro watches its collectives, replicas and batches too."""
+    from torchls_probe.distributed import Distributed
+
+    watcher = Distributed(request, state["identity"], started)
+    watcher.adjust_device(state.get("device"))
+    state["distributed"] = watcher
+    undo_hooks = state["undo"]
+    undo_watcher = watcher.install(trace, roots, state)
+
+    def undo() -> None:
+        undo_watcher()
+        undo_hooks()
+
+    state["undo"] = undo
 
 
 def _run_function(
@@ -246,6 +275,9 @@ def _classify(error: BaseException, request: Request, outcome: Outcome, state: d
     where = user.traceback_location(error.__traceback__) if user is not None else None
     op = trace.current_op if trace is not None else None
     outcome.location = where
+    watcher = state.get("distributed")
+    if watcher is not None and watcher.classify(error, outcome):
+        return  # another rank failed, hung or went away: not this rank's error
     if isinstance(error, ProbeStop):
         outcome.stopped_by = error.reason
         return
@@ -345,6 +377,12 @@ def _write(
     roots = state.get("roots")
     hooks = state.get("hooks")
     device = state.get("device")
+    watcher = state.get("distributed")
+    if watcher is not None:
+        try:
+            watcher.finish(outcome)  # waits for the other ranks, then compares them
+        except BaseException as error:
+            outcome.notes.append(f"probe error at the end of a rank: {error!r}")
     found: list[dict[str, Any]] = []
     parameters: dict[str, list[str]] = {"without_grad": [], "zero_grad": [], "not_in_optimizer": []}
     try:
@@ -395,6 +433,8 @@ def _write(
             report["training"]["parameter_names"] = names[:2000]
         if request.initial_load is not None:
             report["training"]["same_start"] = dict(hooks.initial_matched)
+    if watcher is not None:
+        watcher.amend(report)
     text = dumps(report, request.report_cap_bytes)
     if request.out is None:
         sys.__stdout__.write(text + "\n")
@@ -403,7 +443,9 @@ def _write(
     # folder) into the sandbox, and a mount point cannot be replaced. A report cut short by a
     # kill is invalid JSON, which the server treats as no report.
     try:
-        with open(request.out, "w", encoding="utf-8") as handle:
+        # A rank's watchdog may have left a provisional report there: this one replaces it.
+        guard = watcher.writing() if watcher is not None else contextlib.nullcontext()
+        with guard, open(request.out, "w", encoding="utf-8") as handle:
             handle.write(text)
     except OSError:
         return 3
