@@ -22,6 +22,8 @@ export interface ProbeSettings {
     readonly cwd: string;
     readonly writable: readonly string[];
     readonly network: boolean;
+    /** Ranks under torchrun (a distributed repro); null: one process. */
+    readonly nproc: number | null;
 }
 
 export interface ExtensionSettings {
@@ -78,6 +80,7 @@ export const DEFAULT_SETTINGS: ExtensionSettings = {
         cwd: "",
         writable: [],
         network: false,
+        nproc: null,
     },
 };
 
@@ -103,6 +106,14 @@ function positiveNumber(value: unknown, fallback: number, integer: boolean): num
         return fallback;
     }
     return integer ? Math.max(1, Math.round(value)) : value;
+}
+
+/** A whole count of at least 1, or null ("not set": `[tool.torchls.probe]` decides). */
+function optionalCount(value: unknown): number | null {
+    if (typeof value !== "number" || !Number.isInteger(value) || value < 1) {
+        return null;
+    }
+    return value;
 }
 
 function text(value: unknown): string {
@@ -151,6 +162,7 @@ export function readSettings(reader: ConfigReader): ExtensionSettings {
             cwd: text(reader.get("probe.cwd")),
             writable: stringArray(reader.get("probe.writable")),
             network: reader.get("probe.network") === true,
+            nproc: optionalCount(reader.get("probe.nproc")),
         },
     };
 }

@@ -27,7 +27,18 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 KNOWN_KEYS = {"select", "ignore", "extend-select", "per-file-ignores", "exclude", "probe"}
-PROBE_KEYS = {"device", "steps", "timeout", "memory", "python", "args", "spec", "cwd", "writable"}
+PROBE_KEYS = {
+    "device",
+    "steps",
+    "timeout",
+    "memory",
+    "python",
+    "args",
+    "spec",
+    "cwd",
+    "writable",
+    "nproc",
+}
 
 # The repro's defaults and device pattern, defined once: `torchls repro`, the editor's
 # `probe.*` settings and `[tool.torchls.probe]` all read them from here (this module imports
@@ -227,7 +238,8 @@ def _probe_table(raw: dict[str, Any], path: Path) -> dict[str, Any]:
         if not isinstance(device, str) or not DEVICE_PATTERN.match(device):
             raise ConfigError(f"{where} device must be {DEVICE_CHOICES}, got {device!r}")
         probe["device"] = device
-    for key, low, whole in (("steps", 1, True), ("timeout", 0, False), ("memory", 64, True)):
+    limits = (("steps", 1, True), ("timeout", 0, False), ("memory", 64, True), ("nproc", 1, True))
+    for key, low, whole in limits:
         if key not in raw:
             continue
         value = raw[key]

@@ -96,6 +96,31 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         default="auto",
         help="auto: bubblewrap when it works here; bwrap: require it; none: limits only",
     )
+    repro.add_argument(
+        "--nproc",
+        type=int,
+        metavar="N",
+        help="run the script under torchrun on N ranks (python -m torch.distributed.run "
+        "--standalone --nproc-per-node N), every rank in the sandbox; finds collective hangs "
+        "(TL908), rank divergence (TL909) and duplicated data (TL910)",
+    )
+    repro.add_argument(
+        "--nnodes",
+        help="with --nproc: passed to torchrun for a run across machines (with --rdzv-endpoint; "
+        "an endpoint on another machine needs --network)",
+    )
+    repro.add_argument(
+        "--rdzv-endpoint",
+        metavar="HOST:PORT",
+        help="with --nproc: torchrun's c10d rendezvous endpoint instead of --standalone",
+    )
+    repro.add_argument(
+        "--collective-timeout",
+        type=float,
+        metavar="S",
+        help="with --nproc: seconds a rank may wait in a collective that not every rank "
+        "reached before it is reported as a hang (default 5)",
+    )
     repro.add_argument("--output-format", choices=("text", "json"), default="text")
     repro.add_argument(
         "--compare",
@@ -139,6 +164,10 @@ def run(args: argparse.Namespace) -> int:
         network=args.network,
         keep_outputs=args.keep_outputs,
         sandbox=args.sandbox,
+        nproc=args.nproc,
+        nnodes=args.nnodes,
+        rdzv_endpoint=args.rdzv_endpoint,
+        collective_timeout_s=args.collective_timeout,
         command=" ".join(["torchls", *sys.argv[1:]]) if sys.argv[1:2] == ["repro"] else None,
     )
     try:

@@ -35,6 +35,7 @@ describe("readSettings", () => {
                 "probe.cwd": "data",
                 "probe.writable": ["runs", 3, ""],
                 "probe.network": "yes",
+                "probe.nproc": 2,
             }),
         );
         expect(settings).toEqual({
@@ -56,6 +57,7 @@ describe("readSettings", () => {
                 writable: ["runs"],
                 // Only `true` opens the network: a string of the wrong type must not.
                 network: false,
+                nproc: 2,
             },
         });
     });

@@ -5,7 +5,7 @@ In:
   trusted workspaces): one action, "Run bounded repro", running the command below;
 - `workspace/executeCommand` `torchls.runRepro` with one argument `{"uri", "device"?,
   "steps"?}`, and `torchls.clearRepro` with `{"uri"}` (or nothing: clear every run);
-- settings `torchls.probe.device|steps|timeout|memory|python`.
+- settings `torchls.probe.device|steps|timeout|memory|python|nproc|...`.
 
 Out: `window/workDoneProgress` begin/report/end following the probe's stages (repro_progress;
 cancelling sets the run's cancel event, which kills its sandbox within the probe's 50 ms poll
@@ -178,6 +178,7 @@ def probe_options(
             cwd=relative(request.cwd or probe.cwd),
             writable=tuple(str(relative(w)) for w in writable or ()),
             network=bool(probe.network),
+            nproc=probe.nproc,
         ),
         project,
     )

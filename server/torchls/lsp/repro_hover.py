@@ -9,7 +9,9 @@ compact Markdown (or None when the run traced nothing there):
 - otherwise on a traced line: a table of every tensor the line produced;
 - where non-finite values appeared on the line: whether they were born there (origin: made
   from finite inputs) or arrived (propagated), and the path from the first origin to the loss;
-- on a line edited since the run: the old trace under a "stale" warning.
+- on a line edited since the run: the old trace under a "stale" warning;
+- after a distributed repro: rank 0's trace, and on a line whose values differ between ranks
+  a mark with the other ranks' values.
 
 Every string taken from the run's report (op and module names, dtypes, devices, phases, file
 names) is untrusted: it goes through `untrusted.markdown` or `untrusted.code`, so a module
@@ -161,7 +163,32 @@ def _run_summary(result: ReproResult) -> str:
         parts.append(f"{steps} step{'s' if steps != 1 else ''}")
     if device:
         parts.append(f"on {_cell(device)}")
+    ranks = data.get("distributed")
+    if isinstance(ranks, dict) and isinstance(ranks.get("nproc"), int):
+        parts.append(f"· rank {_int(ranks.get('shown_rank'))} of {_int(ranks.get('nproc'))}")
     return " ".join(parts)
+
+
+def ranks_section(record: dict[str, Any], line: str) -> list[str]:
+    """A distributed repro's line whose values differ between ranks: the others' values."""
+    marks = record.get("ranks")
+    if not isinstance(marks, dict) or not marks.get("differ"):
+        return []
+    rows = []
+    for item in (marks.get("values") or [])[:4]:
+        if not isinstance(item, dict):
+            continue
+        for entry in (item.get("entries") or [])[:4]:
+            if isinstance(entry, dict):
+                rows.append(
+                    entry_row(entry, line).replace("| ", f"| rank {_int(item.get('rank'))}: ", 1)
+                )
+    if not rows:
+        return []
+    return [
+        "≠ **The values on this line differ between ranks** (above: the shown rank's):",
+        "\n".join([HEADER, RULE, *rows]),
+    ]
 
 
 # -- non-finite values --------------------------------------------------------------------------
@@ -264,6 +291,7 @@ def line_markdown(
         if dropped:
             table += f"\n\n…and {dropped} more operations on this line."
         parts.append(table)
+        parts.extend(ranks_section(record, line))
     parts.extend(events)
     return "\n\n".join(parts)
 
@@ -337,6 +365,7 @@ def _traced_value(
         title + (f" · {summary}" if summary else ""),
         "\n".join([HEADER, RULE, *(entry_row(entry, line, value.index) for entry in entries)]),
     ]
+    parts.extend(ranks_section(record, line))
     column = _int(entries[-1].get("column"))
     parts.extend(nonfinite_section(result, trace, mapping, old_row, column))
     return "\n\n".join(parts)

@@ -8,7 +8,8 @@ The repro's settings live under `probe` (`{"probe": {"steps": 2}}`, or the dotte
 clients send flat: `{"probe.steps": 2}`): `device`, `steps`, `timeout` (seconds), `memory` (MB)
 `python` (the interpreter that has the user's torch; empty means "not set"), `args` (the
 script's arguments: a shell-quoted string or a list), `spec`, `cwd` and `writable` (paths
-relative to the workspace) and `network` (the one setting no project file can give).
+relative to the workspace), `nproc` (ranks under torchrun) and `network` (the one setting no
+project file can give).
 
 Layers, later wins key by key: defaults < initializationOptions < workspace/configuration (the
 live value the editor holds). A `null` or missing key leaves the lower layer in force. Values of
@@ -42,6 +43,7 @@ class ProbeSettings:
     cwd: str | None = None  # where the script runs (relative to the workspace)
     writable: tuple[str, ...] | None = None  # more folders the run may write, through a copy
     network: bool | None = None  # the run may reach the network (trusted workspaces only)
+    nproc: int | None = None  # ranks under torchrun (a distributed repro); None: one process
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,7 @@ def _apply_probe(base: ProbeSettings, raw: Mapping[str, Any]) -> tuple[ProbeSett
             changes["device"] = device.strip()
         else:
             problems.append(f"torchls.probe.device must be {DEVICE_CHOICES}, got {device!r}")
-    limits = (("steps", 1, True), ("timeout", 0, False), ("memory", 64, True))
+    limits = (("steps", 1, True), ("timeout", 0, False), ("memory", 64, True), ("nproc", 1, True))
     for key, minimum, integer in limits:
         if (value := raw.get(key)) is None:
             continue

@@ -72,6 +72,13 @@ class ReproOptions:
     pass_env: tuple[str, ...] = ()
     # What the report's failing-boundary record shows as the command.
     command: str | None = None
+    # Under torchrun on this many ranks (`--nproc`); None: one plain process.
+    nproc: int | None = None
+    # Passed to torchrun for a run across machines (instead of --standalone).
+    nnodes: str | None = None
+    rdzv_endpoint: str | None = None
+    # How long a rank may wait in a collective that not every rank reached (TL908).
+    collective_timeout_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -124,6 +131,9 @@ def _check(resolved: Resolved) -> None:
         raise ReproUsageError("--memory must be at least 64 MB")
     if resolved.options.sandbox not in ("auto", "bwrap", "none"):
         raise ReproUsageError("sandbox must be auto, bwrap or none")
+    from torchls.probe.distributed import check
+
+    check(resolved.options, resolved.device)
 
 
 def with_defaults(options: ReproOptions | None) -> ReproOptions:
@@ -141,6 +151,7 @@ PROJECT_FIELDS = {
     "spec": "spec",
     "cwd": "cwd",
     "writable": "writable",
+    "nproc": "nproc",
 }
 
 

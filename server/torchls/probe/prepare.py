@@ -177,6 +177,9 @@ def _command(file: Path, options: ReproOptions) -> str:
         ("--memory", options.memory_mb),
         ("--python", options.python),
         ("--spec", options.spec),
+        ("--nproc", options.nproc),
+        ("--nnodes", options.nnodes),
+        ("--rdzv-endpoint", options.rdzv_endpoint),
     ):
         if value is not None:
             parts += [flag, str(value)]

@@ -50,8 +50,12 @@ def supervise(
     stderr_path: Path,
     cgroup: PidsCgroup | None = None,
     watch: Callable[[], str | None] | None = None,
+    tree: bool = False,
 ) -> Ended:
-    """`watch`, called about every WATCH_S, returns a reason to kill the run (`killed_for`)."""
+    """`watch`, called about every WATCH_S, returns a reason to kill the run (`killed_for`).
+    `tree`: also kill every descendant found by parent id, whatever its session (torchrun
+    starts each rank in a session of its own, which the group kill misses without bubblewrap's
+    PID namespace)."""
     started = time.monotonic()
     next_watch = started + WATCH_S
     with open(stderr_path, "wb") as stderr:
@@ -102,18 +106,52 @@ def supervise(
         # Always, even after a normal exit: stragglers in the group (DataLoader workers, a
         # forgotten subprocess) must not outlive the run. The child is not reaped yet, so its
         # pid (= the group id) cannot have been reused.
-        kill_group(child, cgroup)
+        kill_group(child, cgroup, tree)
         child.wait()
         child.stdout.close()
     text = _tail(stderr_path, 8192)
     return Ended(child.returncode, killed_for, time.monotonic() - started, text)
 
 
-def kill_group(child: subprocess.Popen, cgroup: PidsCgroup | None) -> None:
+def kill_group(child: subprocess.Popen, cgroup: PidsCgroup | None, tree: bool = False) -> None:
+    # Found before the kill: once a parent dies, its children are re-parented and lost.
+    descendants = _descendants(child.pid) if tree else []
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(child.pid, signal.SIGKILL)
+    for pid in descendants:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
     if cgroup is not None:
         cgroup.kill_all()
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process below `root`, from /proc (Linux; elsewhere none are found)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 1 and fields[1].isdigit():
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found: list[int] = []
+    seen = {root}
+    pending = [root]
+    while pending:
+        for pid in children.get(pending.pop(), []):
+            if pid not in seen:
+                seen.add(pid)
+                found.append(pid)
+                pending.append(pid)
+    return found
 
 
 def _deliver(buffer: bytes, on_message: Callable[[dict[str, Any]], None]) -> bytes:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from torchls.probe import causes, untrusted
-from torchls.probe.options import ReproOptions
+from torchls.probe.options import ReproOptions, ReproUsageError
 from torchls.probe.prepare import Prepared, prepare
 from torchls.probe.process import Ended, supervise
 from torchls.probe.report import ReproReport, load_probe_report, synthesize
@@ -72,9 +72,17 @@ def run_cold(
 ) -> ReproReport:
     """One cold run (with `extras`: an inspection, or one side of a comparison)."""
     started = time.monotonic()
+    distributed = prepared.resolved.options.nproc is not None
+    if distributed and extras is not None:
+        raise ReproUsageError("--nproc cannot be combined with --compare or inspect")
     folder = RunFolder.create(prepared.probe_package, cold=True)
     try:
-        report = _run_in(prepared, folder, started, on_progress, cancel_event, extras)
+        if distributed:
+            from torchls.probe.distributed import run_in
+
+            report = run_in(prepared, folder, started, on_progress, cancel_event)
+        else:
+            report = _run_in(prepared, folder, started, on_progress, cancel_event, extras)
     finally:
         folder.remove()
     report.data["timing"]["server_wall_s"] = round(time.monotonic() - started, 4)

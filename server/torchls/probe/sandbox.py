@@ -339,8 +339,11 @@ def plan(
     own_namespaces: bool = False,
     project: ProjectView | None = None,
     network: bool = False,
+    loopback: bool = False,
 ) -> Launch:
     """How to start the child under every layer available here (`mode`: auto|bwrap|none).
+    `loopback`: the run talks to itself over the network (the ranks of a distributed repro),
+    so a private network namespace made without bubblewrap gets its loopback brought up.
 
     `scratch` is the writable folder (HOME, TMPDIR); `outputs` are existing files the child
     writes (a cold run's report and output), bound one by one inside bubblewrap; `results` is a
@@ -417,6 +420,7 @@ def plan(
         pdeathsig=not usable,
         nproc=decisions.nproc,
         kernel=kernel_filter,
+        loopback=loopback,
     )
     private = list(view.private) if view is not None else []
     return Launch(
@@ -1032,6 +1036,21 @@ def _can_unshare_net() -> bool:
     return done.returncode == 0
 
 
+def _loopback_up() -> None:
+    """Bring up `lo` in a new network namespace (it starts down): the interface's flags with
+    IFF_UP set, through the SIOCGIFFLAGS/SIOCSIFFLAGS ioctls. Inside the new user namespace
+    this process holds the capability that needs; failing that, the run has no loopback."""
+    import fcntl
+    import socket
+    import struct
+
+    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack("16sh", b"lo", 0)
+        flags = struct.unpack("16sh", fcntl.ioctl(sock.fileno(), siocgifflags, request))[1]
+        fcntl.ioctl(sock.fileno(), siocsifflags, struct.pack("16sh", b"lo", flags | iff_up))
+
+
 def _user_process_count() -> int | None:
     """This user's processes as RLIMIT_NPROC counts them (threads too, on Linux), or None.
 
@@ -1068,6 +1087,7 @@ def _preexec(
     pdeathsig: bool,
     nproc: int | None,
     kernel: seccomp.Filter | None = None,
+    loopback: bool = False,
 ) -> Callable[[], None]:
     """Runs in the child between fork and exec: only async-signal-tolerant, prepared work."""
     assert resource is not None  # plan() checked the platform
@@ -1099,7 +1119,8 @@ def _preexec(
         if libc is not None and pdeathsig:
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if libc is not None and unshare_net:
-            libc.unshare(flags)
+            if libc.unshare(flags) == 0 and loopback:
+                _loopback_up()
         if libc is not None and kernel is not None:
             # Last: nothing above needs the refused calls, and everything after inherits it.
             kernel.new_session_keyring(libc)

@@ -36,6 +36,7 @@ def render(report: ReproReport, cwd: str | None = None) -> str:
     out += _contracts(data, base, sources)
     out += _exception(data, base, sources)
     out += _findings(data, base)
+    out += _ranks(data, base)
     out += _table(data, base)
     out += _output(data)
     out += _written(data, base)
@@ -72,6 +73,9 @@ def _header(data: dict[str, Any], base: str) -> list[str]:
         "output": "stopped by the output limit",
         "setup": "could not start",
         "crash": "the interpreter died",
+        "hang": "a collective hung",
+        "peer": "stopped because another rank failed",
+        "rendezvous": "the ranks never started (torchrun's rendezvous)",
     }.get(str(data.get("stopped_by")), str(data.get("stopped_by")))
     progress = data.get("progress") or {}
     steps = progress.get("optimizer_steps") or 0
@@ -240,6 +244,41 @@ def _findings(data: dict[str, Any], base: str) -> list[str]:
     return lines
 
 
+def _ranks(data: dict[str, Any], base: str) -> list[str]:
+    """A distributed repro: the ranks, how each ended, and the stacks taken at a hang."""
+    block = data.get("distributed")
+    if not isinstance(block, dict) or not block.get("ranks"):
+        return []
+    backend = (block.get("backend") or {}).get("used") or "none (no process group)"
+    note = (block.get("backend") or {}).get("note")
+    lines = [
+        "",
+        f"ranks: {block.get('nproc')} under torchrun, backend {backend}; the lines below are "
+        f"rank {block.get('shown_rank', 0)}'s" + (f" ({note})" if note else ""),
+    ]
+    for rank in block.get("ranks") or []:
+        how = rank.get("stopped_by") or "no report"
+        if not rank.get("report"):
+            how = "no report" + (
+                f" (exit code {rank['exit_code']})" if rank.get("exit_code") is not None else ""
+            )
+        steps = rank.get("optimizer_steps")
+        count = f", {steps} optimizer steps" if isinstance(steps, int) else ""
+        lines.append(f"  rank {rank.get('rank')}: {rank.get('status')}, {how}{count}")
+    for stack in block.get("stacks") or []:
+        where = stack.get("where") or {}
+        at = f" at {_rel(where.get('filename'), base)}:{where.get('line')}" if where else ""
+        lines.append(
+            f"  rank {stack.get('rank')} at the {stack.get('reason')}: {stack.get('state')}{at}"
+        )
+        for frame in (stack.get("frames") or [])[-8:]:
+            lines.append(
+                f"      {_rel(frame.get('filename'), base)}:{frame.get('line')} "
+                f"in {frame.get('function')}"
+            )
+    return lines
+
+
 def _shape(output: dict[str, Any]) -> str:
     return "[" + ", ".join(str(d) for d in output.get("shape", [])) + "]"
 
@@ -256,9 +295,11 @@ def _table(data: dict[str, Any], base: str) -> list[str]:
                 # `model.to`, BatchNorm's running statistics, `state_dict()`): JSON only.
                 continue
             finite = "NaN/Inf" if entry.get("nonfinite_count") else "yes"
+            # A distributed repro: this line's values are not the same on every rank.
+            differs = " *" if (record.get("ranks") or {}).get("differ") else ""
             rows.append(
                 (
-                    f"{_rel(record['filename'], base)}:{record['line']}",
+                    f"{_rel(record['filename'], base)}:{record['line']}{differs}",
                     entry.get("op", ""),
                     _shape(first) + (f" +{len(outputs) - 1}" if len(outputs) > 1 else ""),
                     str(first.get("dtype", "")),
@@ -278,6 +319,8 @@ def _table(data: dict[str, Any], base: str) -> list[str]:
         )
     if len(rows) > MAX_TABLE_ROWS:
         lines.append(f"  ... {len(rows) - MAX_TABLE_ROWS} more entries in the JSON report")
+    if any(row[0].endswith(" *") for row in rows):
+        lines.append("  * the values on this line differ between ranks (the JSON has theirs)")
     return lines
 
 

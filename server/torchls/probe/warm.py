@@ -493,6 +493,9 @@ class ReproSession:
         cancel_event: threading.Event | None = None,
     ) -> ReproReport:
         prepared = prepare(path, options)
+        if prepared.resolved.options.nproc is not None:
+            # Under torchrun every rank is a fresh interpreter: no worker to fork from.
+            return run_cold(prepared, on_progress, cancel_event)
         worker = self._ready_worker(prepared)
         if worker is not None and worker.lock.acquire(blocking=False):
             try:
