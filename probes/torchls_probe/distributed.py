@@ -41,6 +41,7 @@ import torch
 
 from torchls_probe.attribution import Location
 from torchls_probe.bounds import ProbeStop
+from torchls_probe.fingerprints import DIGEST_NAMES, model_digests, replicated, sample_fingerprints
 from torchls_probe.positions import position, source_line
 from torchls_probe.ranks import Exchange, Identity, stack_of
 
@@ -80,11 +81,9 @@ BEAT_S = 0.3  # how often a rank's heartbeat is written at most
 BLOCKED_GRACE_S = 3.0  # a blocked rank's wait for its collective to fail before it exits
 END_WAIT_S = 30.0  # the longest a finished rank waits for the others to finish
 TENSOR_BUDGET = 32 << 20  # bytes of weights a rank leaves for the max-difference measurement
-DIGEST_NAMES = 2000  # parameters and buffers fingerprinted per model
 BOUNDARIES = 10  # digest sets kept per rank (before the first step, after steps, the end)
 FINGERPRINT_BATCHES = 8  # batches fingerprinted per pass over a loader
 FINGERPRINT_PASSES = 4  # passes (epochs) fingerprinted per loader
-SAMPLES_PER_BATCH = 512
 PROBE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _STOP_SIGNAL = getattr(signal, "SIGUSR1", None)
 
@@ -558,7 +557,7 @@ class Distributed:
             else:
                 kind = "other"
             sync_where = self.ddp_lines.get(id(model)) if ddp else self.synced.get(id(model))
-            signature = [[name, list(t.shape), str(t.dtype)] for name, t in _replicated(model)][
+            signature = [[name, list(t.shape), str(t.dtype)] for name, t in replicated(model)][
                 :DIGEST_NAMES
             ]
             records.append(
@@ -578,7 +577,7 @@ class Distributed:
         tensors: dict[str, torch.Tensor] = {}
         size = 0
         for index, model in enumerate(self.roots.models):
-            for name, tensor in _replicated(model):
+            for name, tensor in replicated(model):
                 size += tensor.numel() * tensor.element_size()
                 if size > TENSOR_BUDGET:
                     return None
@@ -993,68 +992,3 @@ def _distributed_sampler(loader: Any) -> Any:
         if isinstance(candidate, DistributedSampler):
             return candidate
     return None
-
-
-def _replicated(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """The tensors every rank should hold alike: the parameters, and the buffers other than the
-    running statistics of norm layers that nothing synchronises (those follow each rank's data
-    by design; SyncBatchNorm's do not)."""
-    found: list[tuple[str, torch.Tensor]] = list(model.named_parameters())
-    local_stats = {
-        id(buffer)
-        for module in model.modules()
-        if isinstance(module, torch.nn.modules.batchnorm._NormBase)
-        and not isinstance(module, torch.nn.SyncBatchNorm)
-        for buffer in module.buffers(recurse=False)
-    }
-    found += [(n, b) for n, b in model.named_buffers() if id(b) not in local_stats]
-    return found[:DIGEST_NAMES]
-
-
-_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bit patterns as int64, one row per leading index (the first dim kept)."""
-    flat = t.detach().reshape(t.shape[0] if t.dim() else 1, -1)
-    if flat.dtype == torch.bool:
-        return flat.to(torch.int64)
-    if flat.is_floating_point() or flat.is_complex():
-        size = flat.element_size()
-        flat = flat.contiguous().view(_INT_OF_SIZE.get(size, torch.int64))
-    return flat.to(torch.int64)
-
-
-def _mix(bits: torch.Tensor) -> torch.Tensor:
-    """Per row, a position-weighted sum of the bits (wrapping int64 arithmetic)."""
-    columns = bits.shape[1]
-    weights = torch.arange(columns, dtype=torch.int64, device=bits.device) * 2654435761 + 40503
-    return (bits * weights).sum(dim=1) * 31 + bits.sum(dim=1) + columns
-
-
-def model_digests(model: torch.nn.Module) -> dict[str, list[Any]]:
-    """name -> [exact digest, float sum, largest magnitude] for each replicated tensor."""
-    found: dict[str, list[Any]] = {}
-    for name, tensor in _replicated(model):
-        if tensor.numel() == 0 or tensor.is_sparse or tensor.device.type == "meta":
-            continue
-        digest = int(_mix(_bits(tensor.reshape(1, -1))).sum())
-        values = tensor.detach().double() if not tensor.is_complex() else tensor.detach().abs()
-        found[name] = [f"{tensor.numel()}:{digest}", float(values.sum()), float(values.abs().max())]
-    return found
-
-
-def sample_fingerprints(batch: Any) -> list[int]:
-    """One number per sample of a batch, from the tensors whose first dimension is the batch
-    size: equal samples give equal numbers whatever their position in the batch."""
-    from torchls_probe.stats import tensors_in
-
-    tensors = [t for t in tensors_in(batch, 8) if t.dim() >= 1 and t.numel() > 0]
-    if not tensors:
-        return []
-    size = tensors[0].shape[0]
-    total = None
-    for index, tensor in enumerate(t for t in tensors if t.shape[0] == size):
-        mixed = _mix(_bits(tensor[:SAMPLES_PER_BATCH])) * (2 * index + 1)
-        total = mixed if total is None else total + mixed
-    return [int(v) for v in total.tolist()] if total is not None else []
