@@ -10,6 +10,11 @@ session surviving 100 failing repros with no leftover processes, descriptors or 
 Escapes that succeed today are tested in tests/robustness/test_found_bugs.py, not here. Every
 attack that could hurt the machine if it got out (kill(-1), ptrace) runs only with
 `sandbox="bwrap"`, which refuses to run at all rather than run without bubblewrap.
+
+Every cold attack also runs as a distributed repro (`nproc=2`: torchrun and two ranks, each
+running the hostile script, all in the one sandbox), so that the layers and limits hold for
+every rank and nothing a rank starts outlives the run. The scripts name what they create after
+their rank, since the ranks share the scratch folder as they would share a machine.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from torchls.probe.prepare import prepare
 needs_bwrap = pytest.mark.skipif(not bwrap_usable(), reason="bubblewrap is not usable here")
 
 SETTLE_S = 10.0  # bounded wait for killed processes to disappear from /proc
+# One process as usual, and the same attack from every rank of a distributed repro.
+RANKS = pytest.mark.parametrize("nproc", [None, 2], ids=["one-process", "two-ranks"])
 
 
 def output_of(report) -> str:
@@ -70,8 +77,9 @@ import os
 import sys
 
 scratch = os.environ["HOME"]
+rank = os.environ.get("RANK", "0")
 for index, target in enumerate(sys.argv[1:]):
-    link = os.path.join(scratch, f"link{index}")
+    link = os.path.join(scratch, f"link{rank}-{index}")
     os.symlink(target, link)
     try:
         if os.path.isdir(link):
@@ -89,23 +97,28 @@ print("SCRATCH", scratch)
 
 
 @needs_bwrap
-def test_symlinks_out_of_the_scratch_folder_reach_nothing(repro, project, outside, tmp_path):
+@RANKS
+def test_symlinks_out_of_the_scratch_folder_reach_nothing(repro, project, outside, tmp_path, nproc):
     target_file = outside / "victim.txt"
     target_file.write_text("original")
     keep = outside / "keep.txt"
     keep.write_text("keep")
     host_tmp = tmp_path / "host-tmp.txt"
     host_tmp.write_text("original")
-    targets = [target_file, outside, project / "train.py", host_tmp, Path("/etc/hostname")]
-    report, path = repro(SYMLINKS, argv=tuple(str(t) for t in targets))
+    # A project file other than the script: with two ranks, one would rewrite it under the
+    # other as it starts.
+    notes = project / "notes.txt"
+    notes.write_text("original")
+    targets = [target_file, outside, notes, host_tmp, Path("/etc/hostname")]
+    report, path = repro(SYMLINKS, argv=tuple(str(t) for t in targets), nproc=nproc)
     assert report.status == "ok", output_of(report)
     output = output_of(report)
     for visible in (target_file, outside, Path("/etc/hostname")):
         assert f"REFUSED {visible} " in output, output  # read-only inside the sandbox
     # The project is seen through a copy: the link's write lands there, listed, never real.
-    assert f"WROTE {project / 'train.py'}" in output
+    assert f"WROTE {notes}" in output
     written = [item["path"] for item in report.data["written"]["files"]]
-    assert str(project / "train.py") in written
+    assert str(notes) in written and notes.read_text() == "original"
     # The host's /tmp is out of sight: that write lands on the sandbox's own empty /tmp.
     assert target_file.read_text() == "original"
     assert keep.read_text() == "keep" and not (outside / "planted.txt").exists()
@@ -150,21 +163,23 @@ print("FOUND", found)
 
 
 @needs_bwrap
-def test_proc_tricks_see_no_secret_and_no_host_file(repro, monkeypatch, tmp_path):
+@RANKS
+def test_proc_tricks_see_no_secret_and_no_host_file(repro, monkeypatch, tmp_path, nproc):
     secret = f"s3cr3t-{uuid.uuid4().hex}"
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
     monkeypatch.setenv("TORCHLS_TEST_CANARY", secret)
     host_file = tmp_path / "host-only.txt"  # under /tmp: hidden behind a tmpfs in the sandbox
     host_file.write_text(secret)
-    report, _ = repro(PROC, argv=(secret, str(host_file), str(os.getpid())))
+    report, _ = repro(PROC, argv=(secret, str(host_file), str(os.getpid())), nproc=nproc)
     output = output_of(report)
     assert report.status == "ok", output
     assert "FOUND []" in output, output
     assert secret not in json.dumps(report.data)
     assert not Path(str(host_file) + ".planted").exists()
     assert layer(report, "pid_namespace")["held"]
-    # Only the sandbox's own processes are visible (bubblewrap's init and the probe).
-    assert int(output.split("PIDS ", 1)[1].split()[0]) <= 4
+    # Only the sandbox's own processes are visible (bubblewrap's init and the probe; with
+    # ranks, torchrun and one probe per rank).
+    assert int(output.split("PIDS ", 1)[1].split()[0]) <= 4 + (nproc or 0)
 
 
 # -- home and environment -----------------------------------------------------------------------
@@ -183,7 +198,8 @@ print("HOME", os.environ.get("HOME"))
 """
 
 
-def test_home_in_the_environment_is_the_scratch_folder(repro, monkeypatch, tmp_path):
+@RANKS
+def test_home_in_the_environment_is_the_scratch_folder(repro, monkeypatch, tmp_path, nproc):
     """Code that looks for credentials through `~` finds an empty scratch folder. (Absolute
     paths into the real home are another matter: see test_found_bugs.py.)"""
     fake_home = tmp_path / "home"
@@ -192,7 +208,7 @@ def test_home_in_the_environment_is_the_scratch_folder(repro, monkeypatch, tmp_p
     (fake_home / ".aws").mkdir()
     (fake_home / ".aws" / "credentials").write_text("aws_secret_access_key = FAKE")
     monkeypatch.setenv("HOME", str(fake_home))
-    report, _ = repro(HOME_VIA_ENV)
+    report, _ = repro(HOME_VIA_ENV, nproc=nproc)
     output = output_of(report)
     assert report.status == "ok", output
     assert "READ" not in output and "FAKE" not in output
@@ -208,8 +224,8 @@ with open("/proc/self/environ", "rb") as handle:
 """
 
 
-@pytest.mark.parametrize("runner", ["cold", "warm"])
-def test_secret_values_are_invisible_cold_and_warm(project, monkeypatch, runner):
+@pytest.mark.parametrize("runner,nproc", [("cold", None), ("warm", None), ("cold", 2)])
+def test_secret_values_are_invisible_cold_and_warm(project, monkeypatch, runner, nproc):
     secret = f"s3cr3t-{uuid.uuid4().hex}"
     for name in (
         "AWS_SECRET_ACCESS_KEY",
@@ -221,7 +237,9 @@ def test_secret_values_are_invisible_cold_and_warm(project, monkeypatch, runner)
         monkeypatch.setenv(name, secret)
     path = project / "train.py"
     path.write_text(ENVIRONMENT)
-    options = ReproOptions(python=sys.executable, timeout_s=30.0, pass_env=("HF_TOKEN",))
+    options = ReproOptions(
+        python=sys.executable, timeout_s=30.0, pass_env=("HF_TOKEN",), nproc=nproc
+    )
     report = run_as(runner, path, options)
     assert report.data["timing"]["runner"] == runner
     assert report.status == "ok", output_of(report)
@@ -267,8 +285,9 @@ print("PTRACE", json.dumps(results))
 
 
 @needs_bwrap
-def test_ptrace_cannot_reach_the_server(repro):
-    report, _ = repro(PTRACE, argv=(str(os.getpid()),), sandbox="bwrap")
+@RANKS
+def test_ptrace_cannot_reach_the_server(repro, nproc):
+    report, _ = repro(PTRACE, argv=(str(os.getpid()),), sandbox="bwrap", nproc=nproc)
     output = output_of(report)
     assert report.status == "ok", output
     results = json.loads(output.split("PTRACE ", 1)[1].splitlines()[0])
@@ -316,18 +335,20 @@ print("DETACHED")
 """
 
 
-@pytest.mark.parametrize("runner", ["cold", "warm"])
-def test_setsid_daemon_does_not_outlive_the_run(repro, warm_repro, runner):
+@pytest.mark.parametrize("runner,nproc", [("cold", None), ("warm", None), ("cold", 2)])
+def test_setsid_daemon_does_not_outlive_the_run(repro, warm_repro, runner, nproc):
     marker = f"torchls-daemon-{uuid.uuid4().hex}"
     run = repro if runner == "cold" else warm_repro
-    report, _ = run(DAEMON, argv=(marker,))
+    extra = {"nproc": nproc} if nproc else {}
+    report, _ = run(DAEMON, argv=(marker,), **extra)
     assert "DETACHED" in output_of(report), output_of(report)
     assert wait_until_gone(marker) == []
 
 
-def test_setsid_daemon_without_bubblewrap_is_caught_by_the_pids_cgroup(repro):
+@RANKS
+def test_setsid_daemon_without_bubblewrap_is_caught_by_the_pids_cgroup(repro, nproc):
     marker = f"torchls-daemon-{uuid.uuid4().hex}"
-    report, _ = repro(DAEMON, argv=(marker,), sandbox="none")
+    report, _ = repro(DAEMON, argv=(marker,), sandbox="none", nproc=nproc)
     if (
         not layer(report, "processes")["held"]
         or "cgroup" not in layer(report, "processes")["detail"]
@@ -375,11 +396,15 @@ print("SCRATCH", scratch)
 """
 
 
-def test_a_file_cannot_outgrow_the_file_size_limit_and_nothing_is_left(repro):
-    report, _ = repro(DISK_FILL, file_size_mb=4)
+@RANKS
+def test_a_file_cannot_outgrow_the_file_size_limit_and_nothing_is_left(repro, nproc):
+    report, _ = repro(DISK_FILL, file_size_mb=4, nproc=nproc)
     output = output_of(report)
-    assert "STOPPED 27" in output, output  # EFBIG
-    written = int(output.split("STOPPED 27 ", 1)[1].split()[0])
+    # EFBIG; two ranks filling one 4 MB tmpfs may see it full first (ENOSPC).
+    errors = ("27",) if nproc is None else ("27", "28")
+    stopped = [e for e in errors if f"STOPPED {e} " in output]
+    assert stopped, output
+    written = int(output.split(f"STOPPED {stopped[0]} ", 1)[1].split()[0])
     assert written <= 4 << 20
     scratch = Path(output.split("SCRATCH ", 1)[1].split()[0])
     assert not scratch.exists()
@@ -407,9 +432,12 @@ while True:
 """
 
 
-def test_flood_on_every_descriptor_and_from_a_grandchild_is_bounded(repro):
+@RANKS
+def test_flood_on_every_descriptor_and_from_a_grandchild_is_bounded(repro, nproc):
     cap = 64 << 10
-    report, _ = repro(FLOOD_EVERYTHING, output_cap_bytes=cap, file_size_mb=4, timeout_s=20.0)
+    report, _ = repro(
+        FLOOD_EVERYTHING, output_cap_bytes=cap, file_size_mb=4, timeout_s=20.0, nproc=nproc
+    )
     assert report.data["stopped_by"] in ("output", "timeout"), report.data["stopped_by"]
     output = report.data["output"]
     assert output["bytes"] <= 4 << 20
@@ -447,10 +475,11 @@ from torchls.probe import ReproOptions, ReproSession
 from torchls.probe.prepare import prepare
 
 path, warm, canary = sys.argv[1], sys.argv[2] == "warm", sys.argv[3]
+nproc = int(sys.argv[4]) if sys.argv[4] != "none" else None
 import os
 
 options = ReproOptions(python=sys.executable, timeout_s=30.0, sandbox="bwrap",
-                       argv=(str(os.getpid()), canary))
+                       argv=(str(os.getpid()), canary), nproc=nproc)
 session = ReproSession(warm=warm)
 if warm:
     session.prewarm_prepared(prepare(path, options), wait=True)
@@ -461,14 +490,14 @@ print("DRIVER", json.dumps({"status": report.status, "runner": report.data["timi
 
 
 @needs_bwrap
-@pytest.mark.parametrize("runner", ["cold", "warm"])
-def test_signals_to_the_parent_and_to_everything_stay_inside(project, runner):
+@pytest.mark.parametrize("runner,nproc", [("cold", None), ("warm", None), ("cold", 2)])
+def test_signals_to_the_parent_and_to_everything_stay_inside(project, runner, nproc):
     path = project / "train.py"
     path.write_text(SIGNALS)
     canary = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
         driver = subprocess.run(
-            [sys.executable, "-c", DRIVER, str(path), runner, str(canary.pid)],
+            [sys.executable, "-c", DRIVER, str(path), runner, str(canary.pid), str(nproc).lower()],
             capture_output=True,
             text=True,
             timeout=120,
