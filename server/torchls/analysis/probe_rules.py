@@ -194,8 +194,10 @@ _DOCS: dict[str, tuple[str, str, str, str]] = {
         "A collective that not every rank reached (distributed repro)",
         """
         ## What it catches
-        In a distributed repro, a collective (`barrier`, `all_reduce`, ...) that some ranks
-        entered and others never reached, with every rank's stack at that moment.
+        In a distributed repro (`--nproc N`), a collective (`barrier`, `all_reduce`, ..., the
+        construction of `DistributedDataParallel` or its backward) that a rank waited in for
+        the collective timeout (`--collective-timeout`, 5 s) while the others had finished or
+        waited elsewhere, with every rank's stack at that moment and the branch around it.
 
         ## Why it is wrong
         The ranks that did enter wait forever: the job hangs until a timeout, typically with
@@ -217,8 +219,12 @@ _DOCS: dict[str, tuple[str, str, str, str]] = {
         "Replicated parameters or buffers differ across ranks after a step",
         """
         ## What it catches
-        In a distributed repro, parameters or buffers that should hold the same values on
-        every rank differ after an optimizer step.
+        In a distributed repro (`--nproc N`), parameters or buffers that should hold the same
+        values on every rank differ at a step boundary: those of a model wrapped in
+        `DistributedDataParallel`, of one whose tensors the script all-reduces or broadcasts,
+        or, in a script that sets up a process group, of a model trained on every rank. The
+        finding sits on the model's first call and names the first differing tensor, the
+        ranks and the largest difference; `# noqa: TL909` there says a model per rank is meant.
 
         ## Why it is wrong
         Data-parallel training assumes identical replicas; once they drift, each rank trains
@@ -241,8 +247,9 @@ _DOCS: dict[str, tuple[str, str, str, str]] = {
         "Ranks got the same samples, or an epoch repeats the previous order",
         """
         ## What it catches
-        In a distributed repro, ranks that received the same samples in a step, or an epoch
-        that visits the data in exactly the previous epoch's order.
+        In a distributed repro (`--nproc N`) of data-parallel training, ranks that received
+        the same samples from a loader (every batch fingerprinted sample by sample), or a
+        `DistributedSampler` whose epoch never changes, so each epoch repeats the order.
 
         ## Why it is wrong
         Duplicated samples waste the extra GPUs (the effective batch is smaller than it looks)
