@@ -352,6 +352,7 @@ def check_paths(
             continue
         jobs.append(_Job(index, path, data, enabled))
     outcomes = _run_jobs(jobs, options, lambda job, outcome: finished(job.index, outcome.report))
+    _Session.finish(options)
     for job, outcome in zip(jobs, outcomes, strict=True):
         if cache is not None and outcome.content is not None:
             cache.store(
@@ -463,6 +464,19 @@ class _Session:
         if cls._current is None or cls._current.options is not options:
             cls._current = cls(options)
         return cls._current
+
+    @classmethod
+    def finish(cls, options: CheckOptions) -> None:
+        """The run with `options` is over: its picture of the project is released now (the
+        facts of other files hold cycles; left to the collector, a caller that checks
+        project after project would pay for scanning them all)."""
+        session = cls._current
+        if session is None or session.options is not options:
+            return
+        cls._current = None
+        if session.workspace is not None:
+            with session.workspace.analysing():
+                session.workspace.invalidate()
 
     def run(self, job: _Job) -> _Done:
         report = FileReport(_display(job.path), _absolute(job.path))
