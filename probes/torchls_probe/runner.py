@@ -13,6 +13,7 @@ import contextlib
 import faulthandler
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -142,7 +143,8 @@ def _run_traced(
 ) -> None:
     progress.emit("import", "importing torch")
     try:
-        import torch  # noqa: F401
+        with _limits_for_the_main_thread():
+            import torch  # noqa: F401
     except Exception as error:  # not BaseException: a limit striking here is still a limit
         outcome.status, outcome.stopped_by = "error", "setup"
         outcome.exception = _exception(error, None, None, kind="setup")
@@ -189,6 +191,22 @@ def _run_traced(
     else:
         _run_function(request, progress, tracer, state, determinism)
     outcome.stopped_by = "end"
+
+
+@contextlib.contextmanager
+def _limits_for_the_main_thread() -> Any:
+    """Threads torch starts at import inherit a mask that blocks the limit signals, so that
+    those reach the main thread only, and a script blocking them there blocks them for good
+    (a blocked SIGALRM was otherwise delivered to torch's thread and still stopped it)."""
+    limits = {getattr(signal, name) for name in ("SIGALRM", "SIGXCPU") if hasattr(signal, name)}
+    if not limits or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, limits)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # a pending alarm arrives now
 
 
 def _install_distributed(
