@@ -668,6 +668,9 @@ class Distributed:
         self.hang = record
 
     def _watch(self) -> None:
+        # Signals are the main thread's business: the limits, torchrun's SIGTERM, the user's.
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
         handled: set[str] = set()
         while not self._stop_watch.wait(POLL_S):
             try:

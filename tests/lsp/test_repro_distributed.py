@@ -4,8 +4,8 @@ A real server runs `torchls.runRepro` with `{"probe": {"nproc": 2}}` in its conf
 the script runs under torchrun on two ranks (real torch, gloo on the CPU), the work-done
 progress follows rank 0's steps and names the other rank's stages, the hover says which rank it
 shows and marks a line whose values differ between ranks, a rank that hangs in a collective
-gives TL908 as a diagnostic on that line, and cancelling the progress kills torchrun, both ranks
-and the processes they started.
+gives TL908 as a diagnostic on that line (it and the static TL801 there confirm each other),
+and cancelling the progress kills torchrun, both ranks and the processes they started.
 """
 
 from __future__ import annotations
@@ -145,6 +145,10 @@ async def test_a_one_sided_collective_is_a_tl908_diagnostic_on_its_line(tmp_path
         assert hang.source == "torchls-probe"
         assert hang.range.start.line == ONE_SIDED.splitlines().index("    dist.all_reduce(total)")
         assert "reached by rank 1 but not by rank 0" in hang.message
+        # The static TL801 on the same line and the run's TL908 confirm each other.
+        assert "torchls also finds this statically: TL801" in hang.message
+        [static] = [d for d in diagnostics if d.code == "TL801"]
+        assert "confirmed at run time by the repro: TL908" in static.message
 
 
 async def test_cancel_kills_torchrun_every_rank_and_their_children(tmp_path: Path):

@@ -1,12 +1,14 @@
 """The repro's findings as diagnostics, layered over the static ones of the same document.
 
 In: a document snapshot, its static diagnostics and the `ReproStore`. Out: one list: the static
-diagnostics plus the newest run's TL901-TL906 findings for this file (source `torchls-probe`),
-on the ranges the probe reported, carried to where those lines are now (`LineMap`). Findings on
-lines edited since the run are dropped (see repro_state). Related information (the path of a
-NaN from its origin to the loss, the first bad value of later phases) is kept for clients that
-show it. When a static loss-contract finding (TL1xx) and a runtime TL903 sit on the same line,
-each message says that the other confirms it.
+diagnostics plus the newest run's TL9xx findings (and a TL803 seen at run time) for this file
+(source `torchls-probe`), on the ranges the probe reported, carried to where those lines are
+now (`LineMap`). Findings on lines edited since the run are dropped (see repro_state). Related
+information (the path of a NaN from its origin to the loss, the first bad value of later
+phases) is kept for clients that show it. When a static finding and the runtime one that
+confirms it sit on the same line (a loss-contract TL1xx and TL903; TL801 and a TL908 hang;
+TL802 and TL910; TL803 and TL803 seen at run time), each message says that the other confirms
+it.
 
 Messages come from the run, so they are stripped of control characters; another file named by
 a related location is shown only if the run's result holds its lines (read once, safely, when
@@ -29,6 +31,14 @@ from torchls.probe import untrusted
 
 PROBE_SOURCE = "torchls-probe"
 CONFIRMING_CODE = "TL903"
+# Runtime code -> the static codes (prefixes) it confirms on the same line: the loss contracts,
+# and the distributed repro's hang, sampler epoch and every-rank checkpoint.
+CONFIRMS = {
+    CONFIRMING_CODE: ("TL1",),
+    "TL908": ("TL801",),
+    "TL910": ("TL802",),
+    "TL803": ("TL803",),
+}
 
 
 def probe_span(item: dict[str, Any], mapping: LineMap) -> Span | None:
@@ -147,21 +157,23 @@ def _lines_of(diagnostic: types.Diagnostic) -> range:
 
 
 def mark_confirmations(static: list[types.Diagnostic], probe: list[types.Diagnostic]) -> None:
-    """A static TL1xx and a runtime TL903 on the same line confirm each other: say so in both."""
+    """A static finding and the runtime one that confirms it (`CONFIRMS`: TL1xx and TL903,
+    TL801 and TL908, ...) on the same line: say so in both."""
     for runtime in probe:
-        if runtime.code != CONFIRMING_CODE:
+        prefixes = CONFIRMS.get(str(runtime.code))
+        if prefixes is None:
             continue
         lines = set(_lines_of(runtime))
         confirmed = [
             d
             for d in static
             if d.source == SOURCE
-            and str(d.code).startswith("TL1")
+            and str(d.code).startswith(prefixes)
             and lines.intersection(_lines_of(d))
         ]
         if not confirmed:
             continue
         for diagnostic in confirmed:
-            diagnostic.message += f" (confirmed at run time by the repro: {CONFIRMING_CODE})"
+            diagnostic.message += f" (confirmed at run time by the repro: {runtime.code})"
         codes = ", ".join(sorted({str(d.code) for d in confirmed}))
         runtime.message += f" (torchls also finds this statically: {codes})"

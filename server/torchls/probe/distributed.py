@@ -353,6 +353,13 @@ def merge(
     notes = list(merged.get("notes") or [])
     for index, data in present[1:]:
         notes += [f"rank {rank_of[index]}: {note}" for note in data.get("notes") or []]
+    if hang is None and not any(
+        (data.get("distributed") or {}).get("initialized") for _, data in present
+    ):
+        notes.append(
+            "the script never set up a process group (init_process_group): each rank ran it "
+            "on its own, so the ranks were not compared"
+        )
     merged["notes"] = notes[:200]
     _mark_lines(merged, present[1:], rank_of)
     merged["distributed"] = _block(
