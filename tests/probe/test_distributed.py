@@ -449,3 +449,20 @@ def test_distributed_options_that_cannot_work_are_refused(project):
     ):
         with pytest.raises(ReproUsageError, match=needle):
             run_repro(path, replace(options, python=sys.executable))
+
+
+def test_an_interpreter_without_torch_is_a_setup_error_as_for_one_process(ranks, tmp_path):
+    # Starts Python without its site-packages; laid out as an environment so that the sandbox
+    # binds the installation behind it.
+    env = tmp_path / "no-torch"
+    python = env / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    real = Path(sys.executable).resolve()
+    python.write_text(f'#!/bin/sh\nexec {real} -S "$@"\n', encoding="utf-8")
+    python.chmod(0o755)
+    (env / "pyvenv.cfg").write_text(f"home = {real.parent}\n", encoding="utf-8")
+
+    report, _ = ranks(CLEAN_DDP, python=str(python))
+
+    assert report.setup_error is not None
+    assert "torch cannot be imported" in report.setup_error and "--python" in report.setup_error

@@ -470,7 +470,24 @@ def _nobody_reported(
     file = str(prepared.file)
     text = stderr or ""
     last = untrusted.one_line(text.strip().splitlines()[-1], 300) if text.strip() else ""
-    if started_ranks:
+    if "No module named 'torch'" in text:
+        # torchrun itself needs torch: the interpreter is the wrong one, as for one process.
+        data = synthesize(
+            status="error",
+            file=file,
+            code="TL905",
+            stopped_by="setup",
+            message=f"torch cannot be imported by {prepared.python}",
+            request=request,
+        )
+        data["exception"] = {
+            "kind": "setup",
+            "type": "ModuleNotFoundError",
+            "message": f"torch cannot be imported by {prepared.python}: torchrun needs it "
+            "(choose the interpreter that has your torch with --python)",
+            "traceback": [],
+        }
+    elif started_ranks:
         failures = torchrun_failures(text)
         first = _missing_rank(file, 0, per_rank[0][1], failures, killed_for)
         data = synthesize(
@@ -497,8 +514,11 @@ def _nobody_reported(
                 request=request,
             )
         else:
-            message = f"torchrun failed before any rank started ({cause})" + (
-                f": {last}" if last else ""
+            known = "in use" in cause or "timed out" in cause
+            message = (
+                "torchrun failed before any rank started"
+                + (f" ({cause})" if known else "")
+                + (f": {last}" if last else "")
             )
             data = synthesize(
                 status="crashed",
