@@ -47,6 +47,9 @@ def _excluded_dirs(extra: list[str]) -> list[str]:
     return sorted({os.path.realpath(d) + os.sep for d in dirs})
 
 
+_UNSEEN = object()
+
+
 class UserCode:
     """Decides, once per code object, whether a frame runs the user's code."""
 
@@ -56,6 +59,7 @@ class UserCode:
         self._excluded = _excluded_dirs(exclude)
         self._by_code: dict[CodeType, str | None] = {}
         self._by_name: dict[str, str | None] = {}
+        self._locations: dict[tuple[CodeType, int], Location] = {}
 
     def filename(self, code: CodeType) -> str | None:
         """The real path of `code`'s file if it is user code, else None."""
@@ -83,15 +87,26 @@ class UserCode:
 
     def innermost(self, frame: FrameType | None) -> FrameType | None:
         """The first user frame walking outward from `frame` (the deepest user frame)."""
+        known = self._by_code  # the per-op path: a dict lookup per frame, no method call
         while frame is not None:
-            if self.filename(frame.f_code) is not None:
+            code = frame.f_code
+            verdict = known.get(code, _UNSEEN)
+            if verdict is _UNSEEN:
+                verdict = self.filename(code)
+            if verdict is not None:
                 return frame
             frame = frame.f_back
         return None
 
     def location(self, frame: FrameType) -> Location:
-        filename = self.filename(frame.f_code) or frame.f_code.co_filename
-        return _position(frame.f_code, frame.f_lasti, frame.f_lineno, filename)
+        code, lasti = frame.f_code, frame.f_lasti
+        found = self._locations.get((code, lasti))
+        if found is None:  # one `Location` per call site: the hooks ask at every step
+            filename = self.filename(code) or code.co_filename
+            found = self._locations[(code, lasti)] = _position(
+                code, lasti, frame.f_lineno, filename
+            )
+        return found
 
     def here(self, depth: int = 1) -> Location | None:
         """The innermost user location of the current call stack."""

@@ -35,24 +35,45 @@ LOSS_FUNCTIONS: dict[Callable[..., Any], str] = {
 }
 
 _SIGNATURES: dict[str, inspect.Signature] = {}
+_POSITIONAL: dict[str, list[str]] = {}
 
 
 def shape_text(shape: Any) -> str:
     return "[" + ", ".join(str(int(d)) for d in shape) + "]"
 
 
+def _bind(name: str, func: Callable[..., Any], args: tuple, kwargs: dict) -> dict | None:
+    """The call's arguments by parameter name (defaults left out: callers use `.get`), or None
+    when they do not fit the signature. Positional parameters are matched by hand, as
+    `Signature.bind` would, since this runs at every step's loss."""
+    signature = _SIGNATURES.get(name)
+    if signature is None:
+        signature = _SIGNATURES[name] = inspect.signature(func)
+        _POSITIONAL[name] = [
+            p.name
+            for p in signature.parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+    names = _POSITIONAL[name]
+    if len(args) <= len(names) and not any(k in names[: len(args)] for k in kwargs):
+        known = signature.parameters
+        if all(k in known for k in kwargs):
+            values = dict(zip(names, args))  # noqa: B905 - args may be shorter, on purpose
+            values.update(kwargs)
+            return values
+    try:
+        return dict(signature.bind(*args, **kwargs).arguments)
+    except TypeError:
+        return None
+
+
 def check_loss(func: Callable[..., Any], args: tuple, kwargs: dict) -> list[Violation]:
     name = LOSS_FUNCTIONS.get(func)
     if name is None:
         return []
-    signature = _SIGNATURES.get(name)
-    if signature is None:
-        signature = _SIGNATURES[name] = inspect.signature(func)
-    try:
-        bound = signature.bind(*args, **kwargs)
-    except TypeError:
+    values = _bind(name, func, args, kwargs)
+    if values is None:
         return []  # the call itself will raise; the exception is reported instead
-    values = bound.arguments
     x, t = values.get("input"), values.get("target")
     if not isinstance(x, torch.Tensor) or not isinstance(t, torch.Tensor):
         return []
@@ -105,9 +126,9 @@ def _class_loss(name: str, x: torch.Tensor, t: torch.Tensor, ignore_index: int) 
             )
         )
     classes = int(x.shape[class_dim])
-    valid = t[t != ignore_index]
-    if valid.numel():
-        low, high = int(valid.min()), int(valid.max())
+    bounds = _class_range(t, ignore_index)
+    if bounds is not None:
+        low, high = bounds
         if low < 0 or high >= classes:
             bad = high if high >= classes else low
             found.append(
@@ -122,14 +143,36 @@ def _class_loss(name: str, x: torch.Tensor, t: torch.Tensor, ignore_index: int) 
     return found
 
 
+def _class_range(t: torch.Tensor, ignore_index: int) -> tuple[int, int] | None:
+    """(lowest, highest) class index in `t` other than `ignore_index`; None if none is left.
+    One `aminmax` (this runs at every step's loss); the ignored entries are masked out only
+    when the smallest value is the ignore index itself."""
+    if not t.numel():
+        return None
+    low, high = (int(v) for v in torch.aminmax(t))
+    if ignore_index < 0 and low != ignore_index:
+        return low, high
+    valid = t[t != ignore_index]
+    if not valid.numel():
+        return None
+    low, high = (int(v) for v in torch.aminmax(valid))
+    return low, high
+
+
+def _range(x: torch.Tensor) -> tuple[float, float]:
+    """(min, max) in one reduction and one device->host transfer."""
+    low, high = torch.aminmax(x)
+    return tuple(torch.stack([low, high]).tolist())  # type: ignore[return-value]
+
+
 def _probabilities_as_logits(name: str, x: torch.Tensor, class_dim: int) -> list[Violation]:
-    sums = x.float().sum(class_dim)
-    low, high = float(x.min()), float(x.max())
+    low, high = _range(x)
     if name == "cross_entropy":
+        # The row sums only for values that could be probabilities (one pass less otherwise).
         if (
             low >= 0.0
             and high <= 1.0
-            and bool(torch.allclose(sums, torch.ones_like(sums), atol=1e-3))
+            and bool(torch.allclose(s := x.float().sum(class_dim), torch.ones_like(s), atol=1e-3))
         ):
             return [
                 Violation(
@@ -222,11 +265,11 @@ def _binary_loss(name: str, x: torch.Tensor, t: torch.Tensor) -> list[Violation]
         )
     if not t.is_floating_point():
         found.append(Violation("error", f"{name} target is {t.dtype}; use a float target"))
-    elif t.numel() and (float(t.min()) < 0.0 or float(t.max()) > 1.0):
+    elif t.numel() and ((bounds := _range(t))[0] < 0.0 or bounds[1] > 1.0):
         found.append(Violation("error", f"{name} targets must lie in [0, 1]"))
     if not x.is_floating_point() or not x.numel():
         return found
-    low, high = float(x.min()), float(x.max())
+    low, high = _range(x)
     if name == "binary_cross_entropy" and (low < 0.0 or high > 1.0):
         found.append(
             Violation(

@@ -11,6 +11,12 @@ step bound, and which parameters got a gradient is judged right after each compl
 (never at the stop, which may come just after a `zero_grad`). Each step also feeds the
 divergence watch (`Divergence`): the loss at every backward, the gradient norm and the size of
 the update against the weights at every optimizer step.
+
+These run at every step, so they cost as little as the figures allow: the optimizer's step,
+a DataLoader's fetching and the hooks' own torch work run with the tracer off the mode stack
+(`Trace.paused`), finiteness is asked of whole lists at once (`stats.all_finite`), parameter
+figures use batched `_foreach_*` reductions, and the spread of large activations and the
+update of large parameters are measured on fixed strided samples.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +41,7 @@ from torchls_probe.bounds import ProbeStop
 from torchls_probe.params import Roots
 from torchls_probe.progress import Progress
 from torchls_probe.records import Entry
-from torchls_probe.stats import is_finite, summary, tensors_in
+from torchls_probe.stats import all_finite, is_finite, summary, tensors_in
 from torchls_probe.tracer import Trace
 
 
@@ -187,10 +194,11 @@ class Hooks:
             while stack and stack.pop() is not module:
                 pass
         name = trace.module_names.get(id(module))
-        if name is not None:
+        if name is not None and trace.steps < TRACKED_STEPS:
             trace.busy = True
             try:
-                self.activations.add(name, type(module).__name__, output, trace.steps)
+                with trace.paused():
+                    self.activations.add(name, type(module).__name__, output, trace.steps)
             finally:
                 trace.busy = False
         forward = getattr(type(module), "forward", None)
@@ -199,7 +207,8 @@ class Hooks:
             return  # a library module: its ops were already recorded on the calling line
         trace.busy = True
         try:
-            self._record_module_output(module, output)
+            with trace.paused():
+                self._record_module_output(module, output)
         finally:
             trace.busy = False
 
@@ -232,9 +241,11 @@ class Hooks:
         loss = next(iter(tensors_in(roots_of_backward, 1)), None)
         if loss is not None and loss.numel() == 1:
             self.divergence.loss(float(loss.detach()), self.trace.user.here(), self.trace.steps)
-        for _, param, _ in self.roots.named_parameters():
-            if param.grad is not None:
-                self.got_grad.add(id(param))
+        got = self.got_grad
+        for model in self.roots.models:  # ids only: no names built on every backward
+            for param in model.parameters():
+                if param.grad is not None:
+                    got.add(id(param))
 
     # --- optimizers ----------------------------------------------------------------------------
 
@@ -250,17 +261,24 @@ class Hooks:
     def _step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         trace = self.trace
         trace.busy = True
+        # Paused from here to the end of `_step_post`: the optimizer's own calls are not
+        # traced, and passing each of them through the tracer would cost a microsecond each.
+        trace.paused().__enter__()
         try:
+            trace.flush()  # the step writes the weights: what the tracer deferred is judged first
             where = trace.user.here()
             self.roots.add_optimizer(optimizer, where)
             self.roots.check_gradients(optimizer)
-            self._grads_finite = all(
-                p.grad is None or is_finite(p.grad)
-                for group in optimizer.param_groups
-                for p in group["params"]
-            )
-            names = {id(p): n for n, p, _ in self.roots.named_parameters()}
-            self.divergence.before_step(optimizer, trace.steps, names)
+            tracked = trace.steps < TRACKED_STEPS
+            if tracked:  # only these steps' figures are named
+                names = {id(p): n for n, p, _ in self.roots.named_parameters()}
+                self.divergence.before_step(optimizer, trace.steps, names)
+            grads = [p.grad for group in optimizer.param_groups for p in group["params"]]
+            known = tracked and self.divergence.grads_finite
+            self._grads_finite = known or all_finite([g for g in grads if g is not None])
+        except BaseException:
+            trace.paused().__exit__(None, None, None)
+            raise
         finally:
             trace.busy = False
         trace.in_step = True
@@ -281,6 +299,7 @@ class Hooks:
             self.divergence.after_step(optimizer)
         finally:
             trace.busy = False
+            trace.paused().__exit__(None, None, None)
         self.progress.emit(
             "step", f"step {trace.steps} of {self.steps}", step=trace.steps, total=self.steps
         )
@@ -288,6 +307,9 @@ class Hooks:
             raise ProbeStop("steps")
 
     def _check_updated(self, optimizer: torch.optim.Optimizer, where: Any) -> None:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if all_finite(params):  # the usual answer, for all the weights at once
+            return
         names = {id(p): n for n, p, _ in self.roots.named_parameters()}
         for group in optimizer.param_groups:
             for param in group["params"]:
@@ -311,7 +333,10 @@ class Hooks:
         trace.batches += 1
         trace.busy = True
         try:
-            for t in tensors_in(batch, 16):
+            tensors = tensors_in(batch, 16)
+            if all_finite(tensors):
+                return
+            for t in tensors:
                 if not is_finite(t):
                     where = trace.user.here()
                     if where is not None:
@@ -342,6 +367,47 @@ GRAD_GROWTH = 1000.0
 UPDATE_RATIO = 1.0
 CLONE_LIMIT = 256 << 20  # weights copied to measure an update: beyond this, not measured
 TRACKED_STEPS = 8  # steps whose per-parameter and per-module figures are recorded
+SAMPLE = 1 << 13  # activation elements the spread and the zero fraction are measured on
+# Weights copied per large parameter to measure its update: a fixed, evenly strided sample.
+# ||update|| is the sample's norm scaled by sqrt(size / sample) (0.5% off for 16k values):
+# copying, subtracting and measuring every weight costs about a third of an Adam step.
+UPDATE_SAMPLE = 1 << 14
+
+
+def _stride(count: int, sample: int = SAMPLE) -> int:
+    """The smallest prime stride that takes at most about `sample` of `count` elements."""
+    stride = max(2, -(-count // sample))
+    while any(stride % d == 0 for d in range(2, math.isqrt(stride) + 1)):
+        stride += 1
+    return stride
+
+
+def _watched(param: torch.Tensor) -> torch.Tensor:
+    """The weights of `param` whose change is measured: all of them, or a strided sample of a
+    large contiguous tensor (the same positions at every step)."""
+    weights = param.detach()
+    count = weights.numel()
+    if count <= 4 * UPDATE_SAMPLE or not weights.is_contiguous():
+        return weights
+    return weights.view(-1)[:: _stride(count, UPDATE_SAMPLE)]
+
+
+def _norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The 2-norm of each tensor (0-d, fp32 or wider), in order, with one `_foreach_norm` call
+    per kind instead of a few dispatches per tensor: a model has hundreds of parameters.
+    Half-precision tensors are measured in fp32, as `t.float().norm()` would, so that a norm
+    above 65504 does not overflow."""
+    wide = [i for i, t in enumerate(tensors) if t.dtype in (torch.float32, torch.float64)]
+    if len(wide) == len(tensors):
+        return list(torch._foreach_norm(tensors)) if tensors else []
+    found: list[Any] = [None] * len(tensors)
+    for i, norm in zip(wide, torch._foreach_norm([tensors[i] for i in wide])):  # noqa: B905
+        found[i] = norm
+    narrow = [i for i in range(len(tensors)) if found[i] is None]
+    narrow_norms = [tensors[i].float().norm() for i in narrow]
+    for i, norm in zip(narrow, narrow_norms):  # noqa: B905 - equal lengths
+        found[i] = norm
+    return found
 
 
 @dataclass
@@ -359,6 +425,16 @@ class Divergence:
     _first_step: int = -1
     _names: dict[int, str] = field(default_factory=dict)
     _before: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    _weights: list[torch.Tensor] = field(default_factory=list)  # norms of `_before`'s weights
+    _grad_norms: Any = None  # their gradients' norms and largest |value|, before the step
+    _grad_max: Any = None
+    _scale: Any = None  # sqrt(size / sample) of each parameter's watched weights
+    grads_finite: bool = False  # known at the last `before_step`: every gradient was finite
+    # The parameters' watched weights and the buffers they are copied into before each tracked
+    # step (see `_plan`). Kept between steps: a fresh copy of every weight at every step costs
+    # more in page faults than in copying (the allocator hands large blocks back when freed).
+    _copies: dict[tuple[Any, ...], tuple[list[Any], list[Any], Any]] = field(default_factory=dict)
+    _parts: list[torch.Tensor] = field(default_factory=list)  # the watched weights
     _step: int = 0
     _optimizer: int = 0
 
@@ -379,41 +455,82 @@ class Divergence:
     ) -> None:
         self._before = []
         self._names = names or {}
+        self.grads_finite = False
         if step >= TRACKED_STEPS:  # a repro is a few steps; past these, measuring costs time
+            self._copies.clear()
             return
         params = self._params(optimizer)
         with torch.no_grad():
-            norms = [p.grad.detach().float().norm() for p in params]
-            total = float(torch.stack(norms).norm()) if norms else 0.0  # one sync
+            grads = [p.grad.detach() for p in params]
+            norms = _norms(grads)
+            stacked = torch.stack(norms) if norms else None
+            total = float(stacked.norm()) if stacked is not None else 0.0  # one sync
+            # A finite total norm means finite gradients: the step hook need not ask again.
+            self.grads_finite = math.isfinite(total)
             if math.isfinite(total):
                 self.grad_norms.append((step, total))
             size = sum(p.numel() * p.element_size() for p in params)
-            if size <= CLONE_LIMIT:
-                self._before = [(p, p.detach().clone()) for p in params]
+            if size <= CLONE_LIMIT and params:
+                watched, copies, self._scale = self._plan(params)
+                torch._foreach_copy_(copies, watched)  # one batched copy, into kept buffers
+                self._weights = _norms(params)
+                self._parts = watched
+                # The gradient columns of the table are taken here, from the gradients the
+                # step is about to use (optimizers read them, they do not rewrite them): the
+                # norms are at hand, and the step does not evict the gradients first.
+                if all(g.numel() for g in grads):  # max |g| = max(|min|, |max|), no copy of |g|
+                    lows = torch.stack([g.amin() for g in grads]).double().abs()
+                    highs = torch.stack([g.amax() for g in grads]).double().abs()
+                    self._grad_max = torch.maximum(lows, highs)
+                else:
+                    self._grad_max = torch.stack(
+                        [
+                            g.abs().max().double() if g.numel() else norms[0].new_zeros(())
+                            for g in grads
+                        ]
+                    ).double()
+                self._grad_norms = stacked.double()
+                self._before = list(zip(params, copies))  # noqa: B905 - equal lengths
         self._step, self._optimizer = step, id(optimizer)
+
+    def _plan(self, params: list[torch.Tensor]) -> tuple[list[Any], list[Any], Any]:
+        """(watched weights, the buffers they are copied into, sqrt(size / watched)) for these
+        parameters: built once and kept while the same parameters hold the same memory."""
+        key = tuple((id(p), p.data_ptr(), p.shape, p.dtype) for p in params)
+        plan = self._copies.get(key)
+        if plan is None:
+            watched = [_watched(p) for p in params]
+            copies = [torch.empty(w.shape, dtype=w.dtype, device=w.device) for w in watched]
+            pairs = zip(params, watched)  # noqa: B905 - equal lengths
+            scale = [math.sqrt(p.numel() / max(1, w.numel())) for p, w in pairs]
+            device = params[0].device
+            plan = (watched, copies, torch.tensor(scale, dtype=torch.float64, device=device))
+            if len(self._copies) >= 8:  # a few optimizers; their parameter sets rarely change
+                self._copies.clear()
+            self._copies[key] = plan
+        return plan
 
     def after_step(self, optimizer: torch.optim.Optimizer) -> None:
         if not self._before or self._optimizer != id(optimizer):
             return
         before, self._before = self._before, []
         with torch.no_grad():
-            # One stacked reduction and one device->host copy per figure, not one per tensor.
+            # Batched (`_foreach_*`) reductions and one device->host copy for the whole table,
+            # not a few dispatches and a transfer per parameter. The update is measured in
+            # the copies' own memory (old - new, in place): no allocation as large as the model.
             params = [p for p, _ in before]
-            moved = torch.stack([(p.detach() - old).float().norm() for p, old in before])
-            weights = torch.stack([old.float().norm() for _, old in before])
-            grads = [p.grad.detach().float() if p.grad is not None else None for p in params]
-            zero = torch.zeros((), device=moved.device)
-            grad_norm = torch.stack([g.norm() if g is not None else zero for g in grads])
-            grad_max = torch.stack(
-                [g.abs().max() if g is not None and g.numel() else zero for g in grads]
-            )
-            table = torch.stack([moved, weights, grad_norm, grad_max]).double().cpu().tolist()
+            olds = [old for _, old in before]
+            torch._foreach_sub_(olds, self._parts)
+            moved = torch.stack(_norms(olds)).double() * self._scale
+            weights = torch.stack(self._weights).double()
+            columns = [moved, weights, self._grad_norms, self._grad_max]
+            table = torch.stack(columns).cpu().tolist()
         moved_list, weight_list, norm_list, max_list = table
         delta = sum(d**2 for d in moved_list)
         weight = sum(w**2 for w in weight_list)
         for index, p in enumerate(params):
             name = self._names.get(id(p))
-            if name is None or grads[index] is None or len(self.per_step) >= 2000:
+            if name is None or len(self.per_step) >= 2000:
                 continue
             figures = {
                 "grad_norm": norm_list[index],
@@ -500,11 +617,22 @@ class Divergence:
 @dataclass
 class Activations:
     """Per module (named in model order) and step: the first output's mean, std, fraction of
-    exact zeros (a dead ReLU block outputs only zeros) and fraction non-finite."""
+    exact zeros (a dead ReLU block outputs only zeros) and fraction non-finite.
+
+    The mean and the non-finite fraction are exact. Above `SAMPLE` elements the spread and the
+    zero fraction are taken over an evenly strided sample of about `SAMPLE` of them (a prime
+    stride, so that it does not fall in step with a power-of-two dimension): those figures are
+    for a chart, and measuring every element of every module's output on every tracked step
+    costs a CNN as much as its own forward pass.
+    """
 
     items: list[dict[str, Any]] = field(default_factory=list)
     _seen: set[tuple[str, int]] = field(default_factory=set)
     limit: int = 2000
+    # The tensor measured last (weakly), its version and step, and the figures: a container
+    # (`nn.Sequential`, a model whose forward ends with `x.view(...)`) outputs its last
+    # child's tensor, or a view of it, and gets the same figures without measuring again.
+    _last: tuple[Any, int, int, dict[str, Any]] | None = None
 
     def add(self, name: str, kind: str, output: Any, step: int) -> None:
         key = (name, step)
@@ -514,39 +642,34 @@ class Activations:
         if tensor is None or not tensor.is_floating_point() or tensor.numel() == 0:
             return
         self._seen.add(key)
-        with torch.no_grad():
-            t = tensor.detach().float()
-            count = t.numel()
-            # Two fused reductions (std_mean, count_nonzero) and one device->host copy: on a
-            # small transformer these figures cost as much as the forward pass otherwise. A
-            # NaN or an infinity makes the mean or the spread non-finite, so only then are
-            # the values counted one by one and the statistics taken over the finite ones.
-            if count > 1:
-                spread, centre = torch.std_mean(t)
-            else:
-                spread, centre = t.new_zeros(()), t.mean()
-            mean, std, nonzero = torch.stack(
-                [centre, spread, torch.count_nonzero(t).float()]
-            ).tolist()
-            zeros, bad = count - nonzero, 0
-            if not (math.isfinite(mean) and math.isfinite(std)):
-                finite = torch.isfinite(t)
-                bad = int((~finite).sum())
-                zeros = int((t == 0).sum())
-                good = t[finite]
-                mean = float(good.mean()) if good.numel() else None
-                std = float(good.std()) if good.numel() > 1 else 0.0
-            self.items.append(
-                {
-                    "step": step,
-                    "module": name,
-                    "kind": kind,
-                    "mean": mean,
-                    "std": std,
-                    "zeros": zeros / count,
-                    "nonfinite": bad / count,
-                }
-            )
+        figures = self._repeated(tensor, step)
+        if figures is None:
+            with torch.no_grad():
+                figures = _figures(tensor.detach())
+            self._last = (weakref.ref(tensor), tensor._version, step, figures)
+        self.items.append({"step": step, "module": name, "kind": kind, **figures})
+
+    def _repeated(self, tensor: torch.Tensor, step: int) -> dict[str, Any] | None:
+        """The last figures, if `tensor` holds exactly the values measured last (the same
+        tensor, or a contiguous view of it with as many elements, not written since)."""
+        if self._last is None:
+            return None
+        ref, version, when, figures = self._last
+        last = ref()
+        if last is None or when != step or tensor._version != version:
+            return None
+        if tensor is last:
+            return figures
+        base = last._base if last._base is not None else last
+        if (
+            tensor._base is base
+            and tensor.numel() == last.numel()
+            and tensor.data_ptr() == last.data_ptr()
+            and tensor.is_contiguous()
+            and last.is_contiguous()
+        ):
+            return figures
+        return None
 
     def to_json(self) -> list[dict[str, Any]]:
         def clean(value: Any) -> Any:
@@ -555,6 +678,37 @@ class Activations:
             return value
 
         return [{k: clean(v) for k, v in item.items()} for item in self.items]
+
+
+def _figures(t: torch.Tensor) -> dict[str, Any]:
+    """mean, std, zeros, nonfinite of one tensor (see `Activations`)."""
+    count = t.numel()
+    # Vectorised reductions and one device->host copy. (`std_mean` and `count_nonzero` are
+    # not vectorised on the CPU: 25x slower than a sum.) The sum runs over every element, so a
+    # NaN or an infinity anywhere makes the mean non-finite, and only then are the values
+    # counted one by one and the figures taken over the finite ones. The sample is taken in
+    # float64: its sum of squares then gives the spread without a centred copy.
+    total = t.sum(dtype=torch.float64 if t.dtype == torch.float64 else torch.float32)
+    flat = t.reshape(-1)
+    part = (flat[:: _stride(count)] if count > SAMPLE else flat).to(torch.float64)
+    size = part.numel()
+    zero_count = (part == 0).sum()
+    values = torch.stack([total.double(), part.sum(), torch.dot(part, part), zero_count]).tolist()
+    total_value, first, second, zero_value = values
+    spread = 0.0
+    if size > 1 and math.isfinite(second):
+        spread = math.sqrt(max(0.0, second - first * first / size) / (size - 1))
+    mean: float | None = total_value / count
+    zeros, bad = zero_value / size, 0.0
+    if not (math.isfinite(total_value) and math.isfinite(second)):
+        x = t.to(torch.float64 if t.dtype == torch.float64 else torch.float32)
+        finite = torch.isfinite(x)
+        bad = int((~finite).sum()) / count
+        zeros = int((x == 0).sum()) / count
+        good = x[finite]
+        mean = float(good.mean()) if good.numel() else None
+        spread = float(good.std()) if good.numel() > 1 else 0.0
+    return {"mean": mean, "std": spread, "zeros": zeros, "nonfinite": bad}
 
 
 class _CountingIterator:
@@ -574,10 +728,12 @@ class _CountingIterator:
         trace = self._hooks.trace
         was_busy, trace.busy = trace.busy, True
         try:
-            batch = next(self._inner)
+            with trace.paused():  # none of the loader's calls is traced: skip the tracer
+                batch = next(self._inner)
         finally:
             trace.busy = was_busy
-        self._hooks.got_batch(batch)
+        with trace.paused():
+            self._hooks.got_batch(batch)
         return batch
 
     def __len__(self) -> int:

@@ -48,6 +48,20 @@ class LineTable:
         record = self.lines.get(loc.key())
         return record.entries.get(key) if record is not None else None
 
+    def room(self, loc: Location) -> bool:
+        """Whether `add` would store a new entry at `loc`; when not, the drop is counted here
+        (as `add` would count it), so that a capped line costs no summary."""
+        record = self.lines.get(loc.key())
+        if record is None:
+            if len(self.lines) >= self.max_lines:
+                self.dropped_lines += 1
+                return False
+            return True
+        if len(record.entries) >= self.max_entries:
+            record.dropped_entries += 1
+            return False
+        return True
+
     def add(self, loc: Location, key: tuple[Any, ...], entry: Entry) -> Entry | None:
         """Store a new entry; None when a cap dropped it (the drop is counted)."""
         record = self.lines.get(loc.key())
@@ -85,6 +99,10 @@ class Events:
         self.items: list[Event] = []
         self.dropped = 0
         self._seen: dict[tuple[Any, ...], Event | None] = {}
+
+    def known(self, loc: Location, op: str, phase: str) -> bool:
+        """Whether an event at (line, op, phase) was seen already (`add` would not store it)."""
+        return (loc.key(), op, phase) in self._seen
 
     def add(self, event: Event) -> Event | None:
         """Store `event`; a repeat returns the stored one, a capped one returns None."""

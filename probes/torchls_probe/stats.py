@@ -3,7 +3,9 @@
 In: tensors. Out: small JSON-ready dicts (never tensor values). The fast path is one fused
 reduction and one device->host transfer (`aminmax` + `sum` in fp32); NaN and Inf propagate into
 those, so the exact (slower) counts run only for tensors that are not finite. Floats are
-rounded to 6 significant digits so that reports compare equal across runs.
+rounded to 6 significant digits so that reports compare equal across runs. `suspects` and
+`all_finite` answer for a whole list of tensors at once (the tracer's queue, every gradient
+before an optimizer step) with a few reductions and one device->host transfer.
 """
 
 from __future__ import annotations
@@ -41,6 +43,49 @@ def is_finite(t: torch.Tensor) -> bool:
             return True
         # The sum may merely have overflowed (3e38 + 3e38): ask exactly.
         return bool(torch.isfinite(t.detach()).all())
+
+
+# Tensors below this many elements are copied into one flat buffer and summed together: for the
+# many small outputs of a step, one copy and one reduction cost less than a reduction each.
+_FLATTEN_BELOW = 1 << 12
+
+
+def all_finite(tensors: list[torch.Tensor]) -> bool:
+    """Whether every element of every tensor is finite (what `is_finite` says of each)."""
+    return all(is_finite(tensors[i]) for i in suspects(tensors))
+
+
+def suspects(tensors: list[torch.Tensor]) -> list[int]:
+    """The indices of the tensors that may hold a NaN or an infinity: none at all for a clean
+    batch, decided with a few reductions and one device->host transfer.
+
+    NaN and +-inf propagate into a sum, so the small tensors are copied into one flat buffer
+    (integers and booleans too: they are finite, and skipping them would cost more than
+    copying them) and summed once, each larger tensor is summed on its own, and the sums are
+    stacked and tested together. A tensor whose sum is finite is finite; the others (and all
+    of the small ones when their common sum is not) are only suspects, for `is_finite` to
+    judge exactly: a sum may merely have overflowed. A batch that mixes devices or unusual
+    layouts is all suspect.
+    """
+    if not tensors:
+        return []
+    try:
+        with torch.no_grad():
+            small: list[int] = []
+            large: list[int] = []
+            for index, t in enumerate(tensors):
+                (small if t.numel() < _FLATTEN_BELOW else large).append(index)
+            sums = [tensors[i].sum(dtype=_accumulator(tensors[i])) for i in large]
+            if small:
+                flat = torch._C._nn.flatten_dense_tensors([tensors[i] for i in small])
+                sums.append(flat.sum(dtype=_accumulator(flat)))
+            flags = torch.isfinite(torch.stack(sums)).tolist()  # the one transfer
+    except (RuntimeError, TypeError, ValueError):
+        return list(range(len(tensors)))  # several devices, sparse or nested tensors
+    found = [i for i, ok in zip(large, flags) if not ok]  # noqa: B905 - flags may be longer
+    if small and not flags[-1]:
+        found.extend(small)
+    return found
 
 
 def _accumulator(t: torch.Tensor) -> torch.dtype:

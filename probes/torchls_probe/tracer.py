@@ -5,10 +5,25 @@ In: torch calls made while the mode is active (the mode is disabled inside its o
 summaries, the first non-finite value per (line, op, phase) with origin vs propagated, loss
 contract violations and broadcast differences feeding a loss. Backward work has no user frame,
 so it is attributed through `Node.register_hook` closures created when the forward op ran.
+
+Finiteness is judged in batches, not per op: a repeated op only queues its outputs (and a
+backward node its gradients) with their version counters, and the queue is judged at once
+(`stats.suspects`: a few reductions, one device->host transfer) before anything that could
+change those values or needs the verdict: a call that writes into a queued tensor or into an
+input of a queued op (in place, `out=`, `inplace=True`, a NumPy view), `backward()`, an
+optimizer step, any other event, a full queue, the mode's exit. Only the items holding a suspect
+are then judged one by one, in the order the ops ran, with the same rules as an op-by-op check,
+so TL901 names the same first op, phase, line and origin. A value changed behind the probe's
+back (its version moved although no traced call wrote it) is left unjudged rather than judged
+by what it became. The first call of each (line, op, shapes) is summarised at once: that
+summary is the line's hover. While the probe's own work, an optimizer step or a
+DataLoader's fetching runs, the tracer is taken off the mode stack (`Trace.paused`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import math
 import os
 import sys
@@ -20,11 +35,21 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+try:  # the mode stack itself: popping the tracer for a stretch costs less than passing through
+    from torch._C import (
+        _get_function_stack_at,
+        _len_torch_function_stack,
+        _pop_torch_function_stack,
+        _push_on_torch_function_stack,
+    )
+except ImportError:  # pragma: no cover - a torch without them: nothing is ever paused
+    _len_torch_function_stack = None  # type: ignore[assignment]
+
 from torchls_probe.attribution import Location, UserCode
 from torchls_probe.contracts import LOSS_FUNCTIONS, Violation, broadcast_pair, check_loss
 from torchls_probe.names import op_name
 from torchls_probe.records import Entry, Event, Events, LineTable
-from torchls_probe.stats import is_finite, summary, tensors_in
+from torchls_probe.stats import is_finite, summary, suspects, tensors_in
 
 _BACKWARD = {torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad}
 _UNINITIALIZED = {
@@ -76,6 +101,191 @@ _TORCH_NN = os.path.dirname(torch.nn.__file__) + os.sep
 # Autograd nodes walked per recorded op: enough to cover a composite op's internal nodes.
 _NODE_WALK = 32
 _SUSPECT_SEARCH = 512
+# The deferred queue is judged once it holds this many items or bytes: it keeps those tensors
+# alive until then. On the CPU that costs more than it saves beyond a few MiB (memory a step
+# would have reused is held, and the allocator hands fresh pages in), and a tensor of a MiB or
+# more is judged at once: its sum costs more than the dispatch that batching saves. On an
+# accelerator, memory is cached and each judgement is a device sync, so the queue runs longer.
+_PENDING_ITEMS = 1024
+_PENDING_BYTES = 64 << 20
+_PENDING_BYTES_CPU = 16 << 20
+_AT_ONCE_BYTES_CPU = 1 << 20
+_FORWARD, _GRADIENT = 0, 1
+# Calls that write into a tensor they were given (or hand out a way to write that bypasses
+# version counters: a NumPy array, a DLPack capsule, a raw pointer). The queue is judged before
+# one of them runs, so that a value is judged as its op produced it.
+_WRITING_DUNDERS = {
+    "__iadd__",
+    "__isub__",
+    "__imul__",
+    "__itruediv__",
+    "__ifloordiv__",
+    "__imod__",
+    "__ipow__",
+    "__iand__",
+    "__ior__",
+    "__ixor__",
+    "__ilshift__",
+    "__irshift__",
+    "__imatmul__",
+    "__setitem__",
+    "__delitem__",
+    "__setstate__",
+}
+# Attributes whose assignment (`p.data = w`, a descriptor's `__set__`) writes a tensor's values;
+# `p.grad = None` or `x.requires_grad = True` leave them as they are.
+_WRITING_ATTRIBUTES = {"data", "real", "imag"}
+_ESCAPES = {"numpy", "__array__", "__dlpack__", "data_ptr", "untyped_storage", "storage"}
+_NOT_WRITING = {"requires_grad_", "retain_grad", "share_memory_"}
+_ESCAPE = "escape"  # `_writes` of the calls in `_ESCAPES` and of `x.data = ...`
+# `x.data`: an alias whose writes (`p.data.add_(...)`) do not move `x`'s version counter.
+_DATA_GET = torch.Tensor.data.__get__
+_FUNCS: dict[Any, tuple[str | None, Any, int]] = {}
+# What a callable is, as bits of the third item of `_FUNCS` (one lookup per call, not four).
+_IS_BACKWARD, _IS_LOSS, _IS_UNINITIALIZED, _IS_DIFFERENCE, _IS_SAFE = 1, 2, 4, 8, 16
+# Ops whose output cannot hold a NaN or an infinity unless their first argument does (values
+# moved, selected, clamped or squashed, never combined or scaled up): when that argument is
+# a tensor judged finite and not written since, the output needs no judging of its own. On a
+# CNN that is every ReLU and max-pool output, the largest tensors of the step.
+_SAFE = {
+    "F.relu",
+    "torch.relu",
+    "Tensor.relu",
+    "F.relu6",
+    "torch.sigmoid",
+    "Tensor.sigmoid",
+    "F.sigmoid",
+    "torch.tanh",
+    "Tensor.tanh",
+    "F.tanh",
+    "F.gelu",
+    "F.silu",
+    "F.softmax",
+    "torch.softmax",
+    "Tensor.softmax",
+    "F.max_pool1d",
+    "F.max_pool2d",
+    "F.max_pool3d",
+    "torch.max_pool1d",
+    "torch.max_pool2d",
+    "torch.max_pool3d",
+    "F.adaptive_max_pool1d",
+    "F.adaptive_max_pool2d",
+    "torch.abs",
+    "Tensor.abs",
+    "torch.neg",
+    "Tensor.neg",
+    "Tensor.__neg__",
+    "Tensor.view",
+    "Tensor.view_as",
+    "Tensor.reshape",
+    "Tensor.reshape_as",
+    "torch.reshape",
+    "Tensor.flatten",
+    "torch.flatten",
+    "Tensor.permute",
+    "torch.permute",
+    "Tensor.transpose",
+    "torch.transpose",
+    "Tensor.t",
+    "Tensor.contiguous",
+    "Tensor.squeeze",
+    "torch.squeeze",
+    "Tensor.unsqueeze",
+    "torch.unsqueeze",
+    "Tensor.detach",
+    "Tensor.clone",
+    "torch.clone",
+    "Tensor.expand",
+    "Tensor.expand_as",
+    "Tensor.__getitem__",
+    "Tensor.narrow",
+    "Tensor.select",
+}
+_KNOWN_LIMIT = 512  # tensors remembered as judged finite (weakly), cleared beyond
+_CURRENT: Any = object()  # `Trace.event(module=...)` default: the module running now
+_UNSEEN: Any = object()
+
+
+def _writes(func: Any) -> Any:
+    """True if `func` always writes into an argument, the position of its `inplace` parameter
+    (-1: keyword only) if it has one, else None."""
+    name = getattr(func, "__name__", "") or ""
+    if name == "__set__":  # a new `.data` is not seen by the version counter either
+        attribute = getattr(getattr(func, "__self__", None), "__name__", "")
+        return _ESCAPE if attribute in _WRITING_ATTRIBUTES else None
+    if name in _ESCAPES:
+        return _ESCAPE
+    if name in _WRITING_DUNDERS:
+        return True
+    if name.endswith("_") and not name.endswith("__") and name not in _NOT_WRITING:
+        return True
+    try:
+        parameters = inspect.signature(func).parameters
+    except (TypeError, ValueError):  # most builtins have no signature; none of them has `inplace`
+        return None
+    if "inplace" not in parameters:
+        return None
+    names = list(parameters)
+    kind = parameters["inplace"].kind
+    if kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+        return names.index("inplace")
+    return -1
+
+
+def _describe(func: Any) -> tuple[str | None, Any, int]:
+    """(op name or None, how it writes, `_IS_*` bits): computed once per callable."""
+    name = op_name(func)
+    kind = 0
+    try:
+        kind |= _IS_BACKWARD if func in _BACKWARD else 0
+        kind |= _IS_LOSS if func in LOSS_FUNCTIONS else 0
+    except TypeError:  # unhashable
+        pass
+    kind |= _IS_UNINITIALIZED if name in _UNINITIALIZED else 0
+    kind |= _IS_DIFFERENCE if name in _DIFFERENCES else 0
+    kind |= _IS_SAFE if name in _SAFE else 0
+    info = (name, _writes(func), kind)
+    with contextlib.suppress(TypeError):  # an unhashable callable: just don't cache it
+        _FUNCS[func] = info
+    return info
+
+
+def _in_place(how: Any, args: tuple, kwargs: dict) -> bool:
+    if how is True or how is _ESCAPE:
+        return True
+    if kwargs.get("inplace"):
+        return True
+    if how >= 0 and len(args) > how:
+        flag = args[how]
+        return isinstance(flag, bool | int) and bool(flag)
+    return False
+
+
+def _arguments(args: tuple, kwargs: dict) -> list[torch.Tensor] | None:
+    """The tensors among a call's arguments, one list deep (`torch.cat([a, b])`); None when a
+    deeper container might hold more, so that the caller assumes the worst."""
+    found: list[torch.Tensor] = []
+    for value in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, list | tuple):
+            for inner in value:
+                if isinstance(inner, torch.Tensor):
+                    found.append(inner)
+                elif isinstance(inner, list | tuple | dict):
+                    return None
+        elif isinstance(value, dict):
+            return None
+    return found
+
+
+def _storage(t: torch.Tensor) -> int | None:
+    """Which memory `t` lives in (views and `.data` aliases share it); None if unknown."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except Exception:  # a tensor without storage (a subclass, a functional wrapper)
+        return None
 
 
 def _infinite_fill(args: tuple, kwargs: dict) -> bool:
@@ -95,6 +305,32 @@ def _infinite_fill(args: tuple, kwargs: dict) -> bool:
             if math.isinf(float(value.detach())):
                 return True
     return False
+
+
+class _Pause:
+    """`with trace.paused():` takes the tracer off the mode stack while the probe's own torch
+    work, the optimizer's step or a DataLoader's fetching runs (none of it is traced: every one
+    of their calls would only be passed through, at a microsecond each), and puts it back
+    where it was. Re-entrant; a no-op when the tracer is not the innermost mode."""
+
+    def __init__(self) -> None:
+        self.mode: TorchFunctionMode | None = None
+        self._popped: list[bool] = []
+
+    def __enter__(self) -> _Pause:
+        mode = self.mode
+        popped = False
+        if mode is not None and _len_torch_function_stack is not None:
+            depth = _len_torch_function_stack()
+            if depth and _get_function_stack_at(depth - 1) is mode:
+                _pop_torch_function_stack()
+                popped = True
+        self._popped.append(popped)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._popped and self._popped.pop():
+            _push_on_torch_function_stack(self.mode)
 
 
 class Trace:
@@ -127,6 +363,18 @@ class Trace:
         self.module_stack: list[torch.nn.Module] = []
         self.module_names: dict[int, str] = {}
         self.internal_errors: list[str] = []
+        # Set by the tracer: judges what it deferred (see the module docstring).
+        self._flush: Callable[[], None] | None = None
+        self._pause = _Pause()
+
+    def paused(self) -> _Pause:
+        """A context in which torch calls bypass the tracer (see `_Pause`)."""
+        return self._pause
+
+    def flush(self) -> None:
+        """Judge every deferred finiteness check now (before the weights change, say)."""
+        if self._flush is not None:
+            self._flush()
 
     def internal_error(self, op: str, error: Exception) -> None:
         if len(self.internal_errors) < 5:
@@ -160,8 +408,10 @@ class Trace:
         origin: str,
         sources: list[int] | None = None,
         detail: str = "",
-        module: str | None = None,
+        module: str | None = _CURRENT,
     ) -> Event | None:
+        if self._flush is not None:
+            self._flush()  # what ran earlier must get the earlier events
         return self.events.add(
             Event(
                 index=-1,
@@ -169,7 +419,7 @@ class Trace:
                 origin=origin,
                 location=loc,
                 op=op,
-                module=module if module is not None else self.module_path(),
+                module=self.module_path() if module is _CURRENT else module,
                 summary=info,
                 sources=sources or [],
                 step=self.steps,
@@ -190,6 +440,37 @@ class Tracer(TorchFunctionMode):
         self._no_grad_calls: dict[tuple[Any, int, str], int] = {}
         # id(node) -> (node, location, violation) of broadcast differences, checked at backward.
         self._suspects: dict[int, tuple[Any, Location, Violation]] = {}
+        # (code, lasti) -> (location, line key): one `Location` per call site, built once.
+        self._sites: dict[tuple[Any, int], tuple[Location, tuple[str, int]]] = {}
+        self._devices: set[Any] = set()
+        # Deferred finiteness checks, in the order the ops and backward nodes ran.
+        self._pending: list[tuple[Any, ...]] = []
+        self._pending_bytes = 0
+        # `_storage` of the queued tensors, filled in only when an in-place call asks (those
+        # are rarer than ops), up to `_memory_known` items of the queue.
+        self._pending_memory: set[int | None] = set()
+        self._memory_known = 0
+        self._byte_cap = _PENDING_BYTES_CPU  # while only CPU tensors were seen
+        self._at_once = _AT_ONCE_BYTES_CPU
+        # id(tensor) -> (weak reference, version) of large tensors judged finite: the input of
+        # a `_SAFE` op found here (same tensor, same version) makes its output finite too.
+        self._known: dict[int, tuple[weakref.ref, int]] = {}
+        self._flushing = False
+        trace._flush = self.flush
+        trace._pause.mode = self
+
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        # Popped only if it is still on the stack: an optimizer step that raised leaves the
+        # tracer paused (see `Trace.paused`), and the mode below it is not ours to pop.
+        if _len_torch_function_stack is None:
+            super().__exit__(exc_type, exc_value, traceback)
+        else:
+            depth = _len_torch_function_stack()
+            if depth and _get_function_stack_at(depth - 1) is self:
+                _pop_torch_function_stack()
+        # The report is built from what is judged. When the run is already failing (out of
+        # memory, say), a failure to judge is not the probe's error to report.
+        self.flush(quiet=exc_type is not None)
 
     def __torch_function__(
         self,
@@ -203,13 +484,31 @@ class Tracer(TorchFunctionMode):
         trace = self.trace
         if trace.busy or trace.in_step:
             return func(*args, **kwargs)
-        name = op_name(func)
+        try:
+            name, writes, kind = _FUNCS[func]
+        except (KeyError, TypeError):
+            name, writes, kind = _describe(func)
+        if self._pending and (writes is not None or (kwargs and "out" in kwargs)):
+            if self._overwrites(writes, args, kwargs):
+                self.flush()  # judge queued values before this call overwrites one of them
+        if self._known and (writes is _ESCAPE or (name is None and func == _DATA_GET)):
+            # Writes through these go unseen by version counters: forget what was judged.
+            self._known.clear()
         if name is None:
             return func(*args, **kwargs)
-        frame = trace.user.innermost(sys._getframe(1))
-        if frame is None:
+        caller = frame = sys._getframe(1)
+        user = trace.user
+        known = user._by_code  # `UserCode.innermost`, inlined: it runs for every call
+        while frame is not None:
+            verdict = known.get(frame.f_code, _UNSEEN)
+            if verdict is _UNSEEN:
+                verdict = user.filename(frame.f_code)
+            if verdict is not None:
+                break
+            frame = frame.f_back
+        else:
             return func(*args, **kwargs)
-        if not torch.is_grad_enabled() and func not in _BACKWARD:
+        if not kind & _IS_BACKWARD and not torch.is_grad_enabled():
             # Light trace for code that builds no graph (evaluation, sampling, logging between
             # steps): each op of a line is traced on its first calls only, so generating 500
             # tokens after every step costs little more than a plain run.
@@ -218,18 +517,31 @@ class Tracer(TorchFunctionMode):
             if seen >= LIGHT_REPEATS:
                 return func(*args, **kwargs)
             self._no_grad_calls[key] = seen + 1
-        loc = trace.user.location(frame)
-        if func in _BACKWARD:
+        where = (frame.f_code, frame.f_lasti)
+        site = self._sites.get(where)
+        if site is None:
+            loc = trace.user.location(frame)
+            site = self._sites[where] = (loc, loc.key())
+        loc = site[0]
+        if kind & _IS_BACKWARD:
             return self._backward(func, args, kwargs, loc)
-        loss = func in LOSS_FUNCTIONS
-        if loss:
+        if kind & _IS_LOSS:
             self._check(lambda: check_loss(func, args, kwargs), loc, name)
+        if kind & _IS_SAFE and self._known and args:
+            # Asked before the call: an in-place ReLU moves its input's version.
+            first = args[0]
+            mark = self._known.get(id(first))
+            if mark is None or mark[0]() is not first or mark[1] != first._version:
+                kind &= ~_IS_SAFE
+        else:
+            kind &= ~_IS_SAFE
         trace.current_op = name
         result = func(*args, **kwargs)
         trace.current_op = None
         trace.busy = True
         try:
-            self._record(name, loc, result, args, kwargs, "loss" if loss else trace.phase)
+            phase = "loss" if kind & _IS_LOSS else trace.phase
+            self._record(name, kind, loc, site[1], result, args, kwargs, phase, caller)
         except Exception as error:  # a probe bug must never change what the user's step does
             trace.internal_error(name, error)
         finally:
@@ -249,33 +561,221 @@ class Tracer(TorchFunctionMode):
             self.trace.busy = False
 
     def _record(
-        self, name: str, loc: Location, result: Any, args: tuple, kwargs: dict, phase: str
+        self,
+        name: str,
+        kind: int,
+        loc: Location,
+        line_key: tuple[str, int],
+        result: Any,
+        args: tuple,
+        kwargs: dict,
+        phase: str,
+        caller: Any,
     ) -> None:
-        outputs = tensors_in(result, self.max_outputs)
-        if not outputs:
+        # Every op of every step comes here: the one-tensor case (nearly all of them) avoids
+        # loops and comprehensions.
+        trace = self.trace
+        if isinstance(result, torch.Tensor):
+            outputs = [result]
+            key = (name, loc.col, loc.end_col, (result.shape,))
+            device = result.device
+            if device not in self._devices:
+                self._note_devices(outputs)
+            graph = result.grad_fn is not None
+        else:
+            outputs = tensors_in(result, self.max_outputs)
+            if not outputs:
+                return
+            key = (name, loc.col, loc.end_col, tuple(t.shape for t in outputs))
+            self._note_devices(outputs)
+            graph = any(t.grad_fn is not None for t in outputs)
+        lines = trace.lines
+        record = lines.lines.get(line_key)
+        entry = record.entries.get(key) if record is not None else None
+        cell = [True]  # whether every input was finite, for the backward hooks of this op
+        if entry is not None:
+            entry.count += 1
+            if kind & _IS_SAFE:  # its input was judged finite: so is this
+                self._remember(outputs)
+            elif not kind & _IS_UNINITIALIZED:
+                self._defer(outputs, args, kwargs, name, loc, entry, phase, cell)
+        elif lines.room(loc):
+            # The first time this (line, op, shapes) runs: its summary is taken now (it is the
+            # entry's shape, dtype and range) and says whether it is finite.
+            uninitialized = bool(kind & _IS_UNINITIALIZED)
+            summaries = [summary(t, uninitialized=uninitialized) for t in outputs]
+            made = Entry(name, loc.col, loc.end_col, trace.module_path(), phase, summaries)
+            made.setup = self._in_setup(caller)
+            entry = lines.add(loc, key, made)
+            finite = [item.get("finite", True) for item in summaries]
+            if not all(finite):
+                self.flush()  # earlier ops' values first: event order is the order they ran
+                origin = self._nonfinite_output(
+                    name, loc, outputs, finite, args, kwargs, entry, phase, _CURRENT
+                )
+                cell[0] = origin == "op"
+        elif not kind & _IS_UNINITIALIZED:  # a line or entry over the caps: still judged
+            self._defer(outputs, args, kwargs, name, loc, None, phase, cell)
+        if kind & _IS_DIFFERENCE:
+            self._difference(name, loc, args, outputs[0])
+        if graph:
+            self._watch(outputs, loc, entry, cell)
+
+    def _remember(self, tensors: list[torch.Tensor]) -> None:
+        """Note large tensors now known to be finite (see `_known`)."""
+        known = self._known
+        for t in tensors:
+            if t.nbytes >= self._at_once and t.is_floating_point():
+                if len(known) >= _KNOWN_LIMIT:
+                    known.clear()
+                known[id(t)] = (weakref.ref(t), t._version)
+
+    def _note_devices(self, outputs: list[torch.Tensor]) -> None:
+        for t in outputs:
+            device = t.device
+            if device not in self._devices:
+                self._devices.add(device)
+                self.trace.observed_devices.setdefault(str(device), None)
+                if device.type not in ("cpu", "meta"):
+                    self._byte_cap, self._at_once = _PENDING_BYTES, _PENDING_BYTES
+
+    def _defer(
+        self,
+        outputs: list[torch.Tensor],
+        args: tuple,
+        kwargs: dict,
+        name: str,
+        loc: Location,
+        entry: Entry | None,
+        phase: str,
+        cell: list[bool],
+    ) -> None:
+        """Queue an op's outputs (with their versions) to be judged at the next flush."""
+        trace = self.trace
+        module = trace.module_path() if trace.module_stack else None
+        if len(outputs) == 1:
+            versions = [outputs[0]._version]
+            size = outputs[0].nbytes
+        else:
+            versions = [t._version for t in outputs]
+            size = sum(t.nbytes for t in outputs)
+        self._pending_bytes += size
+        pending = self._pending
+        pending.append(
+            (_FORWARD, outputs, versions, args, kwargs, name, loc, entry, phase, module, cell)
+        )
+        if (
+            size >= self._at_once
+            or self._pending_bytes >= self._byte_cap
+            or len(pending) >= _PENDING_ITEMS
+        ):
+            self.flush()
+
+    def _overwrites(self, writes: Any, args: tuple, kwargs: dict) -> bool:
+        """Whether this call may write into the memory of a queued tensor or of an input of a
+        queued op (or a view of one): only then must the queue be judged first, since judging
+        an op that made a non-finite value asks whether its inputs already were. Unknown
+        targets count as queued."""
+        targets: list[Any] = []
+        out = kwargs.get("out") if kwargs else None
+        if out is not None:
+            targets.extend(tensors_in(out, 16) or [None])
+        if writes is not None and _in_place(writes, args, kwargs):
+            first = args[0] if args else None
+            if isinstance(first, torch.Tensor):
+                targets.append(first)
+            elif isinstance(first, list | tuple) and first:
+                targets.extend(t if isinstance(t, torch.Tensor) else None for t in first)
+            else:
+                targets.append(None)
+        memory = self._pending_memory
+        pending = self._pending
+        for item in pending[self._memory_known :]:
+            if item[0] == _FORWARD:
+                inputs = _arguments(item[3], item[4])
+                if inputs is None:
+                    memory.add(None)  # inputs not known: any write must judge the queue first
+                    inputs = []
+                tensors = [*item[1], *inputs]
+            else:
+                tensors = [g for g in (*item[1], *item[3]) if g is not None]
+            for t in tensors:
+                memory.add(_storage(t))
+        self._memory_known = len(pending)
+        if None in memory:
+            return True
+        for target in targets:
+            if target is None:
+                return True
+            key = _storage(target)
+            if key is None or key in memory:
+                return True
+        return False
+
+    def flush(self, quiet: bool = False) -> None:
+        """Judge the queued outputs and gradients: at once when all are finite (the usual
+        case), else item by item in the order they were produced, as an op-by-op check would."""
+        if self._flushing or not self._pending:
             return
         trace = self.trace
-        for t in outputs:
-            trace.observed_devices.setdefault(str(t.device), None)
-        uninitialized = name in _UNINITIALIZED
-        key = (name, loc.col, loc.end_col, tuple(tuple(t.shape) for t in outputs))
-        entry = trace.lines.find(loc, key)
-        if entry is None:
-            summaries = [summary(t, uninitialized=uninitialized) for t in outputs]
-            finite = [s.get("finite", True) for s in summaries]
-            made = Entry(name, loc.col, loc.end_col, trace.module_path(), phase, summaries)
-            made.setup = self._in_setup(sys._getframe(2))
-            entry = trace.lines.add(loc, key, made)
-        else:
-            entry.count += 1
-            finite = [True if uninitialized else is_finite(t) for t in outputs]
-        inputs_finite = True
+        items, self._pending, self._pending_bytes = self._pending, [], 0
+        self._pending_memory, self._memory_known = set(), 0
+        self._flushing = True
+        was_busy, trace.busy = trace.busy, True
+        try:
+            current: list[torch.Tensor] = []
+            for item in items:
+                if item[0] == _FORWARD:
+                    current.extend(
+                        t
+                        for t, version in zip(item[1], item[2])  # noqa: B905 - equal lengths
+                        if t._version == version
+                    )
+                else:
+                    current.extend(g for g in item[1] if isinstance(g, torch.Tensor))
+            found = suspects(current)
+            if not found:
+                self._remember(current)
+            else:
+                # Only the items holding a suspect are judged one by one (a -inf mask written
+                # on every step must not make the whole step's queue be asked again).
+                doubtful = {id(current[i]) for i in found}
+                for item in items:
+                    if not any(id(t) in doubtful for t in item[1]):
+                        continue
+                    if item[0] == _FORWARD:
+                        self._judge_outputs(*item[1:])
+                    else:
+                        self._judge_gradients(*item[1:])
+        except Exception as error:  # a probe bug must never change what the user's step does
+            if not quiet:
+                trace.internal_error("deferred finiteness checks", error)
+        finally:
+            trace.busy = was_busy
+            self._flushing = False
+
+    def _judge_outputs(
+        self,
+        outputs: list[torch.Tensor],
+        versions: list[int],
+        args: tuple,
+        kwargs: dict,
+        name: str,
+        loc: Location,
+        entry: Entry | None,
+        phase: str,
+        module: str | None,
+        cell: list[bool],
+    ) -> None:
+        finite = [
+            t._version != version or is_finite(t)
+            for t, version in zip(outputs, versions)  # noqa: B905 - equal lengths
+        ]
         if not all(finite):
-            origin = self._nonfinite_output(name, loc, outputs, finite, args, kwargs, entry, phase)
-            inputs_finite = origin == "op"
-        if name in _DIFFERENCES:
-            self._difference(name, loc, args, outputs[0])
-        self._watch(outputs, loc, entry, inputs_finite)
+            origin = self._nonfinite_output(
+                name, loc, outputs, finite, args, kwargs, entry, phase, module
+            )
+            cell[0] = origin == "op"
 
     def _in_setup(self, frame: Any) -> bool:
         """Whether the library frames between this op and the user's line include a torch.nn
@@ -298,6 +798,7 @@ class Tracer(TorchFunctionMode):
         kwargs: dict,
         entry: Entry | None,
         phase: str,
+        module: Any,
     ) -> str:
         """Record the event; returns its origin ("op" when every input was finite)."""
         if entry is not None:
@@ -312,16 +813,33 @@ class Tracer(TorchFunctionMode):
             elif not is_finite(t):
                 untracked = True
         origin = "propagated" if sources or untracked else "op"
-        info = summary(bad)
-        has_nan = bool((info.get("nonfinite") or {}).get("nan"))
-        mask_writer = name in _MASK_WRITERS and not has_nan
-        if origin == "op" and mask_writer and _infinite_fill(args, kwargs):
+        # The full summary (counts and range) only for an event not recorded yet: a mask
+        # written on every step is recorded once, and its later steps need only know whether
+        # it holds a NaN.
+        events = self.trace.events
+        info = None if events.known(loc, name, phase) else summary(bad)
+        nan: list[bool] = []
+
+        def has_nan() -> bool:
+            if not nan:
+                if info is not None:
+                    nan.append(bool((info.get("nonfinite") or {}).get("nan")))
+                else:
+                    nan.append(bool(torch.isnan(bad.detach()).any()))
+            return nan[0]
+
+        if (
+            origin == "op"
+            and name in _MASK_WRITERS
+            and not has_nan()
+            and _infinite_fill(args, kwargs)
+        ):
             origin = "mask"
         elif sources and not untracked and all(self._is_mask(i) for i in sources):
             # Still a mask (scaled, added to, sliced), or a NaN made from one: a softmax over a
             # row with every position masked is a real bug born here.
-            origin = "masked" if has_nan else "mask"
-        event = self.trace.event(phase, loc, name, info, origin, sources)
+            origin = "masked" if has_nan() else "mask"
+        event = self.trace.event(phase, loc, name, info, origin, sources, module=module)
         if event is None:
             return origin
         index = event.index
@@ -355,7 +873,7 @@ class Tracer(TorchFunctionMode):
             self._suspects[id(out.grad_fn)] = (out.grad_fn, loc, violation)
 
     def _watch(
-        self, outputs: list[torch.Tensor], loc: Location, entry: Entry | None, inputs_finite: bool
+        self, outputs: list[torch.Tensor], loc: Location, entry: Entry | None, cell: list[bool]
     ) -> None:
         """Hook the autograd nodes this op created, so backward can be attributed to `loc`."""
         nodes = self._nodes
@@ -373,41 +891,69 @@ class Tracer(TorchFunctionMode):
                     continue
                 nodes[id(current)] = (loc, entry)
                 own = current is node and out_index == 0
-                hook = self._backward_hook(loc, entry, own, current.name(), inputs_finite)
+                hook = self._backward_hook(loc, entry, own, current.name(), cell)
                 current.register_hook(hook)
                 walked += 1
                 pending.extend(fn for fn, _ in current.next_functions)
 
     def _backward_hook(
-        self, loc: Location, entry: Entry | None, own: bool, node_name: str, inputs_finite: bool
+        self, loc: Location, entry: Entry | None, own: bool, node_name: str, cell: list[bool]
     ) -> Callable[..., None]:
-        """A node hook: a non-finite gradient is an origin only if neither the incoming
-        gradient nor the op's forward inputs were already non-finite."""
+        """A node hook: its gradients join the deferred queue. A non-finite gradient is an
+        origin only if neither the incoming gradient nor the op's forward inputs (`cell`,
+        judged before the backward began) were already non-finite."""
         trace = self.trace
 
         def hook(grad_inputs: tuple, grad_outputs: tuple) -> None:
-            was_busy = trace.busy
-            trace.busy = True
-            try:
-                if own and entry is not None and entry.grad is None:
-                    arriving = next((g for g in grad_outputs if g is not None), None)
-                    if arriving is not None:
+            if own and entry is not None and entry.grad is None:
+                arriving = next((g for g in grad_outputs if g is not None), None)
+                if arriving is not None:
+                    was_busy, trace.busy = trace.busy, True
+                    try:
                         entry.grad = summary(arriving)
-                bad = next(
-                    (g for g in grad_inputs if isinstance(g, torch.Tensor) and not is_finite(g)),
-                    None,
-                )
-                if bad is not None:
-                    upstream = any(
-                        isinstance(g, torch.Tensor) and not is_finite(g) for g in grad_outputs
-                    )
-                    origin = "propagated" if upstream or not inputs_finite else "op"
-                    module = entry.module if entry is not None else None
-                    trace.event("backward", loc, node_name, summary(bad), origin, module=module)
-            finally:
-                trace.busy = was_busy
+                    finally:
+                        trace.busy = was_busy
+            module = entry.module if entry is not None else None
+            if module is None and trace.module_stack:
+                module = trace.module_path()
+            # Gradients need no version: nothing traced runs before the end of this backward,
+            # and autograd only accumulates in place into a buffer nobody else holds.
+            pending = self._pending
+            pending.append(
+                (_GRADIENT, grad_inputs, None, grad_outputs, loc, node_name, module, cell)
+            )
+            size = 0
+            for g in grad_inputs:
+                if g is not None:
+                    size += g.nbytes
+            self._pending_bytes += size
+            if (
+                size >= self._at_once
+                or self._pending_bytes >= self._byte_cap
+                or len(pending) >= _PENDING_ITEMS
+            ):
+                self.flush()
 
         return hook
+
+    def _judge_gradients(
+        self,
+        grad_inputs: tuple,
+        _versions: None,
+        grad_outputs: tuple,
+        loc: Location,
+        node_name: str,
+        module: str | None,
+        cell: list[bool],
+    ) -> None:
+        bad = next(
+            (g for g in grad_inputs if isinstance(g, torch.Tensor) and not is_finite(g)), None
+        )
+        if bad is None:
+            return
+        upstream = any(isinstance(g, torch.Tensor) and not is_finite(g) for g in grad_outputs)
+        origin = "propagated" if upstream or not cell[0] else "op"
+        self.trace.event("backward", loc, node_name, summary(bad), origin, module=module)
 
     # --- backward ------------------------------------------------------------------------------
 
@@ -422,6 +968,9 @@ class Tracer(TorchFunctionMode):
                     continue
                 known = self._nodes.get(id(node))
                 if known is not None:
+                    if known[0].key() not in trace.loss_lines:
+                        # The loss line's events are relabelled once: its values first.
+                        self.flush()
                     self._mark_loss(known[0], known[1])
                 self._suspects_feeding(node)
             trace.backward_lines.setdefault(loc.key(), loc)
@@ -438,6 +987,7 @@ class Tracer(TorchFunctionMode):
             trace.phase = previous
             self._nodes.clear()
             self._suspects.clear()
+            self.flush()  # the forward's outputs, then the gradients this backward queued
         if trace.after_backward is not None:
             trace.busy = True
             try:
