@@ -15,9 +15,12 @@ tracing differs), until its `--real-steps`-th optimizer step (or backward, in a 
 optimizer). The time per step is the quickest pair of consecutive steps after the second
 step's end (the minimum over repeats too: other processes share these machines), so importing
 torch, building the model, the first step's lazy set-up and whatever a script does once after
-its first step (minGPT samples 500 tokens) are left out of both.
+its first step (minGPT samples 500 tokens) are left out of both. On a machine other processes
+load, `--clock cpu` times the steps by the main thread's CPU time with one torch thread (in both
+modes), which the waiting for a core does not inflate.
 Usage: python bench/probe_overhead.py [--pairs 15] [--threads 1]
        python bench/probe_overhead.py --real [NAME ...] [--real-steps 8] [--repeat 2]
+                                      [--clock wall|cpu]
 """
 
 from __future__ import annotations
@@ -70,7 +73,9 @@ def timed(run) -> float:
     return time.perf_counter() - started
 
 
-def real_child(mode: str, steps: int, root: str, script: str, argv: list[str]) -> None:
+def real_child(
+    mode: str, steps: int, root: str, script: str, argv: list[str], clock: str = "wall"
+) -> None:
     """In the script's interpreter: run `script` plain or traced until `steps` step events and
     print the events' times (optimizer steps, else backward passes) as one JSON line."""
     import json
@@ -79,6 +84,11 @@ def real_child(mode: str, steps: int, root: str, script: str, argv: list[str]) -
 
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
+    now = time.perf_counter
+    if clock == "cpu":
+        torch.set_num_threads(1)  # all of the step's work on the thread that is timed
+        now = time.thread_time
+
     class Enough(BaseException):
         pass
 
@@ -86,7 +96,7 @@ def real_child(mode: str, steps: int, root: str, script: str, argv: list[str]) -
     backward_times: list[float] = []
 
     def after_step(*_: object) -> None:
-        step_times.append(time.perf_counter())
+        step_times.append(now())
         if len(step_times) >= steps:
             raise Enough
 
@@ -96,7 +106,7 @@ def real_child(mode: str, steps: int, root: str, script: str, argv: list[str]) -
 
     def timed_backward(*args: object, **kwargs: object) -> object:
         result = original_backward(*args, **kwargs)  # type: ignore[arg-type]
-        backward_times.append(time.perf_counter())
+        backward_times.append(now())
         if not step_times and len(backward_times) >= steps:
             raise Enough
         return result
@@ -133,7 +143,7 @@ def real_child(mode: str, steps: int, root: str, script: str, argv: list[str]) -
     os._exit(0)  # DataLoader workers would only delay the parent
 
 
-def real_main(names: list[str], steps: int, repeat: int) -> None:
+def real_main(names: list[str], steps: int, repeat: int, clock: str = "wall") -> None:
     import fcntl
     import itertools
     import json
@@ -153,6 +163,7 @@ def real_main(names: list[str], steps: int, repeat: int) -> None:
     def once(entry: dict, mode: str) -> tuple[float | None, str]:
         project = real_scripts.project_copy(entry, "overhead")
         command = [str(python), str(Path(__file__).resolve()), "--real-child", mode, str(steps)]
+        command.append(clock)
         command += [str(project), str(project / entry["path"]), *entry.get("args", [])]
         leader, follower = pty.openpty()  # pytorch-cifar's progress bar asks `stty size`
         fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
@@ -181,7 +192,8 @@ def real_main(names: list[str], steps: int, repeat: int) -> None:
         gaps = [b - a for a, b in itertools.pairwise(times[1:])]
         return min((x + y) / 2 for x, y in itertools.pairwise(gaps)), result["kind"]
 
-    print(f"time per step within steps 2..{steps}, plain vs traced (target <= 1.5x)")
+    what = "main-thread CPU time, 1 torch thread" if clock == "cpu" else "wall-clock time"
+    print(f"{what} per step within steps 2..{steps}, plain vs traced (target <= 1.5x)")
     head = f"{'script':30} {'kind':9} {'plain ms':>9} {'traced ms':>9} {'ratio':>6}"
     print(head)
     print("-" * len(head))
@@ -198,15 +210,15 @@ def real_main(names: list[str], steps: int, repeat: int) -> None:
             continue
         p, t = min(plain), min(traced)
         ratios.append(t / p)
-        print(f"{entry['name']:30} {kind:9} {p * 1000:9.1f} {t * 1000:9.1f} {t / p:5.2f}x")
+        print(f"{entry['name']:30} {kind:9} {p * 1000:9.2f} {t * 1000:9.2f} {t / p:5.2f}x")
     if ratios:
         print(f"median ratio {statistics.median(ratios):.2f}x, max {max(ratios):.2f}x")
 
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--real-child":
-        mode, steps, root, script, *argv = sys.argv[2:]
-        real_child(mode, int(steps), root, script, argv)
+        mode, steps, clock, root, script, *argv = sys.argv[2:]
+        real_child(mode, int(steps), root, script, argv, clock)
         return
     parser = argparse.ArgumentParser()
     parser.add_argument("--pairs", type=int, default=15)
@@ -214,9 +226,10 @@ def main() -> None:
     parser.add_argument("--real", nargs="*", default=None, help="real scripts (names) to time")
     parser.add_argument("--real-steps", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     args = parser.parse_args()
     if args.real is not None:
-        real_main(args.real, args.real_steps, args.repeat)
+        real_main(args.real, args.real_steps, args.repeat, args.clock)
         return
     if args.threads:
         torch.set_num_threads(args.threads)
