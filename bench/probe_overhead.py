@@ -17,10 +17,13 @@ step's end (the minimum over repeats too: other processes share these machines),
 torch, building the model, the first step's lazy set-up and whatever a script does once after
 its first step (minGPT samples 500 tokens) are left out of both. On a machine other processes
 load, `--clock cpu` times the steps by the main thread's CPU time with one torch thread (in both
-modes), which the waiting for a core does not inflate.
+modes), which the waiting for a core does not inflate. `--floor` adds a third run per repeat:
+the script under a TorchFunctionMode that only calls each function (no hooks, no records),
+what any tracer built on that mechanism pays before it does anything; the `floor` column is
+its ratio to plain, so a step too small for the target shows where the limit comes from.
 Usage: python bench/probe_overhead.py [--pairs 15] [--threads 1]
        python bench/probe_overhead.py --real [NAME ...] [--real-steps 8] [--repeat 2]
-                                      [--clock wall|cpu]
+                                      [--clock wall|cpu] [--floor]
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -116,7 +120,15 @@ def real_child(
     sys.argv = [script, *argv]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     undo = None
-    tracer = None
+    tracer: Any = None
+    if mode == "floor":
+        from torch.overrides import TorchFunctionMode
+
+        class PassThrough(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                return func(*args, **(kwargs or {}))
+
+        tracer = PassThrough()
     if mode == "traced":
         user = UserCode([root], [script], [os.path.dirname(os.path.abspath(torch.__file__))])
         trace = Trace(user, max_lines=400, max_entries=8, max_events=20)
@@ -143,7 +155,9 @@ def real_child(
     os._exit(0)  # DataLoader workers would only delay the parent
 
 
-def real_main(names: list[str], steps: int, repeat: int, clock: str = "wall") -> None:
+def real_main(
+    names: list[str], steps: int, repeat: int, clock: str = "wall", floor: bool = False
+) -> None:
     import fcntl
     import itertools
     import json
@@ -195,13 +209,16 @@ def real_main(names: list[str], steps: int, repeat: int, clock: str = "wall") ->
     what = "main-thread CPU time, 1 torch thread" if clock == "cpu" else "wall-clock time"
     print(f"{what} per step within steps 2..{steps}, plain vs traced (target <= 1.5x)")
     head = f"{'script':30} {'kind':9} {'plain ms':>9} {'traced ms':>9} {'ratio':>6}"
+    if floor:
+        head += f" {'floor':>6}"
     print(head)
     print("-" * len(head))
     ratios = []
     for entry in chosen:
-        plain, traced, kind = [], [], ""
-        for _ in range(repeat):  # interleaved, so that load from other processes hits both
-            for mode, into in (("plain", plain), ("traced", traced)):
+        plain, traced, passed, kind = [], [], [], ""
+        modes = [("plain", plain), ("traced", traced)] + ([("floor", passed)] if floor else [])
+        for _ in range(repeat):  # interleaved, so that load from other processes hits all
+            for mode, into in modes:
                 value, kind = once(entry, mode)
                 if value is not None:
                     into.append(value)
@@ -210,7 +227,10 @@ def real_main(names: list[str], steps: int, repeat: int, clock: str = "wall") ->
             continue
         p, t = min(plain), min(traced)
         ratios.append(t / p)
-        print(f"{entry['name']:30} {kind:9} {p * 1000:9.2f} {t * 1000:9.2f} {t / p:5.2f}x")
+        line = f"{entry['name']:30} {kind:9} {p * 1000:9.2f} {t * 1000:9.2f} {t / p:5.2f}x"
+        if floor:
+            line += f" {min(passed) / p:5.2f}x" if passed else "      -"
+        print(line)
     if ratios:
         print(f"median ratio {statistics.median(ratios):.2f}x, max {max(ratios):.2f}x")
 
@@ -227,9 +247,10 @@ def main() -> None:
     parser.add_argument("--real-steps", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    parser.add_argument("--floor", action="store_true", help="also time a pass-through mode")
     args = parser.parse_args()
     if args.real is not None:
-        real_main(args.real, args.real_steps, args.repeat, args.clock)
+        real_main(args.real, args.real_steps, args.repeat, args.clock, args.floor)
         return
     if args.threads:
         torch.set_num_threads(args.threads)
