@@ -93,7 +93,8 @@ class FlowQueries:
 
     def under_unknown_decorator(self, node: ast.AST) -> bool:
         """Some function around `node` has a decorator we cannot read (a project's
-        `@smart_inference_mode()`, a library's wrapper): it may disable gradients itself."""
+        `@smart_inference_mode()`, a library's wrapper): it may disable gradients itself, or
+        cache what the function returns."""
         current = self.parents.get(node)
         while current is not None:
             if isinstance(current, (ast.FunctionDef, ast.AsyncFunctionDef)):

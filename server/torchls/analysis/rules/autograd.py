@@ -184,7 +184,9 @@ def layer_created_in_forward(facts: Facts) -> Iterator[Hit]:
     ## What it catches
     A module with parameters (`nn.Linear`, convolutions, norms, embeddings, RNNs, an
     `nn.Sequential` of them, or an in-file module that builds them) constructed inside
-    `forward`, or inside a method that only `forward` calls.
+    `forward`, or inside a method that only `forward` calls. A method under a decorator of
+    the project's own (one that may build the layer once and cache it on the module, like
+    `@singleton("projector")`) is not reported.
 
     ## Why it is wrong
     Each call creates fresh, randomly initialised weights that are not registered with the
@@ -206,6 +208,10 @@ def layer_created_in_forward(facts: Facts) -> Iterator[Hit]:
         if not facts.module_class(name):
             continue
         for method in _forward_only_methods(facts, name):
+            if facts.under_unknown_decorator(method.body[0]):
+                # A decorator we cannot read may build the layer once and keep it
+                # (`@singleton("projector")` storing the result on `self`).
+                continue
             reported: list[ast.Call] = []
             for call in facts.calls_in(method):
                 if any(facts.is_inside(call, outer) for outer in reported):
