@@ -19,17 +19,14 @@ from __future__ import annotations
 
 import fnmatch
 import io
-import multiprocessing
-import multiprocessing.context
 import os
 import signal
 import subprocess
 import tokenize
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from torchls.analysis import (
     AnalysisResult,
@@ -50,6 +47,9 @@ from torchls.cache import (
 )
 from torchls.config import ConfigResolver, ProjectConfig
 from torchls.project import ProjectView, ReadGraph, ReadRecorder
+
+if TYPE_CHECKING:
+    from multiprocessing.context import BaseContext
 
 # ConfigResolver lives in torchls.config (the service the editor shares); re-exported here.
 __all__ = ["CheckOptions", "ConfigResolver", "FileReport", "check_paths", "check_stdin"]
@@ -566,6 +566,10 @@ def _run_jobs(
     # its picture of their modules once) and a slow batch does not hold up the others.
     size = max(1, -(-len(jobs) // (workers * 4)))
     batches = [jobs[start : start + size] for start in range(0, len(jobs), size)]
+    # Imported here: a serial check (most runs, and every small one) never pays for them.
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
     outcomes: list[_Done] = []
     try:
         with ProcessPoolExecutor(
@@ -590,10 +594,12 @@ def _guarded(session: _Session, job: _Job) -> _Done:
         return _Done(report)
 
 
-def _pool_context() -> multiprocessing.context.BaseContext:
+def _pool_context() -> BaseContext:
     """Workers are started fresh (spawn), never forked: a process that has used jedi holds its
     helper subprocess and reader threads, and a forked child waits forever on their locks.
     Starting costs one import of torchls per worker (tens of milliseconds)."""
+    import multiprocessing
+
     return multiprocessing.get_context("spawn")
 
 

@@ -9,7 +9,6 @@ is `torchls.checker`, rendering is `torchls.output`.
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 import sys
 from collections.abc import Sequence
@@ -374,6 +373,8 @@ def _closest_rule(wanted: str, rules: Sequence[Rule] | None = None) -> str:
     if not rules:
         return ""
     by_key = {r.code: r for r in rules} | {r.name: r for r in rules}
+    import difflib  # only for a misspelt rule name
+
     close = difflib.get_close_matches(wanted.strip(), list(by_key), n=1, cutoff=0.75)
     if close:
         best = by_key[close[0]]
