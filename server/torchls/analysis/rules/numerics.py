@@ -135,7 +135,8 @@ def batch_not_moved_to_device(facts: Facts) -> Iterator[Hit]:
     The model is moved with `.to(device)` / `.cuda()`, but a tensor taken straight from a data
     loader is passed to it without being moved. Values meant to stay on the host are not
     reported: the lengths given to `pack_padded_sequence`, or an input the model's `forward`
-    only uses as such.
+    only uses as such. Nor is a batch given to `nn.DataParallel` or to
+    `DistributedDataParallel(..., device_ids=[gpu])`: their forward copies it to the device.
 
     ## Why it is wrong
     On a GPU this fails at the first batch ("Expected all tensors to be on the same device"),
@@ -169,6 +170,8 @@ def batch_not_moved_to_device(facts: Facts) -> Iterator[Hit]:
             key = facts.key(call.func)
             if key not in moved or not _same_object_in_sight(facts, moved, call, loop, key):
                 continue
+            if _moves_its_inputs(facts, call.func):
+                continue  # DataParallel / DDP(device_ids=...) copies the batch to the device
             for argument in call.args:
                 if not isinstance(argument, ast.Name) or argument.id not in targets:
                     continue
@@ -213,6 +216,61 @@ def _same_object_in_sight(
         ):
             return False
     return True
+
+
+def _moves_its_inputs(facts: Facts, model: ast.expr, depth: int = 0) -> bool:
+    """`model` is a wrapper whose forward copies its inputs to the device itself:
+    `nn.DataParallel(net)` scatters them over its GPUs, `DistributedDataParallel(net,
+    device_ids=[gpu])` moves them to that GPU. Told from the binding of the name (or of
+    `self.<attr>`), and for a parameter from the argument at every call site."""
+    if depth > 3:
+        return False
+    value = _wrapper_call(facts, model)
+    if value is not None:
+        return _input_moving_wrapper(facts, value)
+    if isinstance(model, ast.Attribute):
+        values = facts.self_attribute_values(model)
+        return bool(values) and all(
+            (wrapped := _wrapper_call(facts, v)) is not None
+            and _input_moving_wrapper(facts, wrapped)
+            for v in values
+        )
+    if isinstance(model, ast.Name):
+        assignment = facts.reaching_assignment(model)
+        if assignment is not None:
+            return False  # bound here to something else
+        arguments = facts.parameter_arguments(model)
+        return bool(arguments) and all(
+            _moves_its_inputs(facts, argument, depth + 1) for argument in arguments
+        )
+    return False
+
+
+def _wrapper_call(facts: Facts, expr: ast.expr) -> ast.Call | None:
+    """The call `expr` holds once receiver-returning calls are peeled (`DataParallel(net)` for
+    `DataParallel(net).cuda()`), through the binding of a name."""
+    if isinstance(expr, ast.Name):
+        value = facts.binding_value(expr)
+        if value is None:
+            return None
+        expr = value
+    root = facts.same_object(expr)
+    return root if isinstance(root, ast.Call) else None
+
+
+def _input_moving_wrapper(facts: Facts, call: ast.Call) -> bool:
+    qualname = facts.call_qualname(call) or ""
+    if qualname in ("torch.nn.DataParallel", "torch.nn.parallel.DataParallel"):
+        return True
+    if qualname not in (
+        "torch.nn.parallel.DistributedDataParallel",
+        "torch.nn.parallel.distributed.DistributedDataParallel",
+    ):
+        return False
+    devices = next((k.value for k in call.keywords if k.arg == "device_ids"), None)
+    if devices is None and len(call.args) > 1:
+        devices = call.args[1]
+    return devices is not None and not (isinstance(devices, ast.Constant) and devices.value is None)
 
 
 LOG_FUNCTIONS = {"torch.log"}
