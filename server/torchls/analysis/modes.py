@@ -209,7 +209,13 @@ class ModeAnalysis:
         if isinstance(stmt, ast.If):
             state = self._expression(stmt.test, state)
             body = self._interpret(stmt.body, state)
-            merged = _union(body, self._interpret(stmt.orelse, state))
+            orelse = self._interpret(stmt.orelse, state)
+            if _never_falls_through(stmt.body):
+                merged = dict(orelse)  # `if bad: raise ...`: only the other arm goes on
+            elif stmt.orelse and _never_falls_through(stmt.orelse):
+                merged = dict(body)  # `else: assert False`
+            else:
+                merged = _union(body, orelse)
             typed = _type_tested_key(self.facts, stmt.test)
             if typed is not None and typed in body:
                 # `if isinstance(net, nn.Module): net.train()`: where the test fails, `net`
@@ -560,6 +566,19 @@ def _owning_key(key: str, state: State) -> str | None:
         if prefix in state:
             return prefix
     return None
+
+
+def _never_falls_through(body: list[ast.stmt]) -> bool:
+    """The block ends the run of its function: its last statement is a `raise` or an
+    `assert` of a false constant (`else: assert False`)."""
+    if not body:
+        return False
+    last = body[-1]
+    if isinstance(last, ast.Raise):
+        return True
+    return (
+        isinstance(last, ast.Assert) and isinstance(last.test, ast.Constant) and not last.test.value
+    )
 
 
 def _leaves_early(loop: ast.For | ast.AsyncFor | ast.While) -> bool:

@@ -407,7 +407,9 @@ def train_mode_not_restored(facts: Facts) -> Iterator[Hit]:
     loop does not train (a frozen teacher no optimizer there steps, or only run under
     `no_grad`), models whose every layer ignores the mode (linear, convolution and activation
     layers only: eval() changes nothing for them) and helpers that restore the mode they
-    found (`was_training = model.training` ... `model.train(was_training)`) are not reported.
+    found (`was_training = model.training` ... `model.train(was_training)`) are not reported,
+    nor is an `eval()` chosen on purpose by one arm of an `if` whose other arm calls `train()`
+    (`if finetune: model.train() else: model.eval()`, a frozen backbone).
 
     ## Why it is wrong
     In eval mode dropout is off and batch-norm uses frozen running statistics, so every epoch
@@ -455,6 +457,8 @@ def train_mode_not_restored(facts: Facts) -> Iterator[Hit]:
                 continue
             if _guarded_apart(facts, setter, loops[0]):
                 continue  # `if phase == "train": ... else: model.eval()`: that path never trains
+            if _mode_chosen_by_branch(facts, setter):
+                continue  # `if finetune: model.train() else: model.eval()`: eval on purpose
             reported.add(id(setter))
             key = facts.key(call.func) or "model"
             # At the top of the training loop's body: before the loop is not enough when the
@@ -524,6 +528,57 @@ def _guarded_apart(facts: Facts, setter: ast.AST, loop: ast.AST) -> bool:
             if facts.is_inside(assignment.stmt, loop):
                 return False  # the test may change inside the loop
     return True
+
+
+def _mode_chosen_by_branch(facts: Facts, setter: ast.AST) -> bool:
+    """`setter` is a plain `model.eval()` statement in one arm of an `if`/`elif` chain whose
+    other arm calls `model.train()` on the same model: the mode is picked on purpose for what
+    follows (a frozen backbone kept in eval mode for a linear probe), not left over."""
+    if not isinstance(setter, ast.Call) or facts.method_name(setter) != "eval" or setter.args:
+        return False
+    statement = facts.parents.get(setter)
+    key = facts.key(facts.receiver(setter))
+    if not isinstance(statement, ast.Expr) or key is None:
+        return False
+    branch = facts.parents.get(statement)
+    if not isinstance(branch, ast.If):
+        return False
+    top = branch
+    while True:  # climb `elif` links to the head of the chain
+        parent = facts.parents.get(top)
+        if isinstance(parent, ast.If) and len(parent.orelse) == 1 and parent.orelse[0] is top:
+            top = parent
+        else:
+            break
+    arms: list[list[ast.stmt]] = []
+    link: ast.If = top
+    while True:
+        arms.append(link.body)
+        if len(link.orelse) == 1 and isinstance(link.orelse[0], ast.If):
+            link = link.orelse[0]
+            continue
+        arms.append(link.orelse)
+        break
+    own = next((arm for arm in arms if statement in arm), None)
+    if own is None:
+        return False
+    for arm in arms:
+        if arm is own:
+            continue
+        for other in arm:
+            call = other.value if isinstance(other, ast.Expr) else None
+            if (
+                isinstance(call, ast.Call)
+                and facts.method_name(call) == "train"
+                and facts.key(facts.receiver(call)) == key
+                and not call.keywords
+                and (
+                    not call.args
+                    or (isinstance(call.args[0], ast.Constant) and call.args[0].value is True)
+                )
+            ):
+                return True
+    return False
 
 
 def _trains_forward(facts: Facts, loop: ast.AST, call: ast.Call) -> bool:
