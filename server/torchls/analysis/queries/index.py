@@ -32,6 +32,8 @@ _LEAF_FIELDS = frozenset(
     | {"is_async", "type_comment", "kind", "rest", "kwd_attrs"}
 )
 _CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+# Where a walk up from a statement stops looking for the `if` around it.
+_SCOPE_STOPS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.Module)
 
 
 def _fields_with_nodes(node_type: type) -> tuple[str, ...]:
@@ -406,6 +408,7 @@ class IndexQueries:
                 if (
                     (a.stmt.lineno, a.stmt.col_offset) < use_position
                     and not self._within(name, use_position, a.stmt)
+                    and not self._other_arm(a.stmt, name)
                 )
                 or (a.loop is not None and self.is_inside(name, a.loop))
             ]
@@ -415,6 +418,30 @@ class IndexQueries:
                 return max(before, key=lambda a: (a.stmt.lineno, a.stmt.col_offset))
             return None
         return None
+
+    def _other_arm(self, stmt: ast.stmt, use: ast.AST) -> bool:
+        """`stmt` and `use` sit in the two arms of one `if` that no loop repeats (inside their
+        function): `x = y.float()` under `if training:` never reaches a read in its `else`."""
+        child, current = stmt, self.parents.get(stmt)
+        while current is not None and not isinstance(current, _SCOPE_STOPS):
+            if isinstance(current, (ast.For, ast.AsyncFor, ast.While)):
+                return False  # the other arm may run on a later iteration
+            if isinstance(current, ast.If):
+                in_body = any(child is item for item in current.body)
+                if self.is_inside(use, current):
+                    if any(self.is_inside(use, item) for item in current.body) == in_body:
+                        return False  # the same arm (or the test): the usual order applies
+                    return not self._repeated(current)
+            child, current = current, self.parents.get(current)
+        return False
+
+    def _repeated(self, node: ast.AST) -> bool:
+        current = self.parents.get(node)
+        while current is not None and not isinstance(current, _SCOPE_STOPS):
+            if isinstance(current, (ast.For, ast.AsyncFor, ast.While)):
+                return True
+            current = self.parents.get(current)
+        return False
 
     def _within(self, node: ast.AST, position: tuple[int, int], stmt: ast.stmt) -> bool:
         """`is_inside(node, stmt)` for a node at `position`: a node past the end of the
