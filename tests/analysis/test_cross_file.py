@@ -291,3 +291,44 @@ def test_a_re_export_is_followed_without_jedi_on_the_quick_pass(tmp_path: Path) 
     analyze(train.read_text(), str(train), workspace=view)
     assert rootless.jedi_calls == 0
     assert view.missed
+
+
+STAR_HELPERS = """\
+import torch
+
+
+def batches(data, size):
+    for start in range(0, len(data), size):
+        yield data[start : start + size], data[start + 1 : start + size + 1]
+"""
+STAR_SCRIPT = """\
+import torch.nn as nn
+from helpers import *
+
+model = nn.Sequential(nn.Embedding(50, 16), nn.Dropout(0.2), nn.Linear(16, 50))
+criterion = nn.CrossEntropyLoss()
+
+
+def evaluate(data):
+    model.eval()
+    total = 0.0
+    with torch.no_grad():
+        for x, y in batches(data, 32):
+            total += criterion(model(x), y).item()
+    return total
+"""
+
+
+def test_torch_bound_by_a_star_import_of_a_project_module_is_resolved(tmp_path: Path) -> None:
+    # `import torch.nn as nn` binds only `nn`: the `torch` of `torch.no_grad()` comes from
+    # `from helpers import *`, whose module imports torch. Without a workspace to read
+    # helpers.py, the star import is not followed.
+    (tmp_path / "helpers.py").write_text(STAR_HELPERS)
+    script = tmp_path / "eval_lm.py"
+    script.write_text(STAR_SCRIPT)
+    with_workspace = analyze(script.read_text(), str(script), workspace=Workspace(tmp_path))
+    assert [f.code for f in with_workspace.findings if f.code == "TL202"] == []
+    # A module with `__all__` exports only what it lists.
+    (tmp_path / "helpers.py").write_text('__all__ = ["batches"]\n' + STAR_HELPERS)
+    listed = analyze(script.read_text(), str(script), workspace=Workspace(tmp_path))
+    assert [f.code for f in listed.findings if f.code == "TL202"] == ["TL202"]

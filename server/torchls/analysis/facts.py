@@ -115,6 +115,7 @@ class Facts(IndexQueries, KindQueries, ValueQueries, FlowQueries, SummaryQueries
         self.tree = parsed.tree
         self.parents: dict[ast.AST, ast.AST] = {}
         self.imports: dict[str, str] = {}
+        self.star_modules: list[str] = []  # `from utils import *`: "utils"
         self.functions: dict[str, FunctionNode] = {}
         self.classes: dict[str, ClassInfo] = {}
         self.calls: list[ast.Call] = []
@@ -143,6 +144,7 @@ class Facts(IndexQueries, KindQueries, ValueQueries, FlowQueries, SummaryQueries
         self._function_parameters: dict[ast.AST, set[str]] = {}
         self._argument_value_of: dict[ast.Name, ast.expr | None] = {}
         self._collect()
+        self.adopt_star_imports()
 
     def release(self) -> None:
         """Drop every table and memo. Memos hold the facts themselves (a callee is `(facts,

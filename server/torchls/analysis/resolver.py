@@ -294,10 +294,13 @@ class Workspace:
         finally:
             self._depth.value = depth
 
-    def module_facts(self, facts: Facts, local_name: str) -> Facts | None:
+    def module_facts(
+        self, facts: Facts, local_name: str, dotted: str | None = None
+    ) -> Facts | None:
         """The facts of the project module a plain `import utils` (or `from pkg import
-        utils`) bound to `local_name`, named by the index; None for libraries."""
-        imported = facts.imports.get(local_name)
+        utils`) bound to `local_name`, or of the module named `dotted` (a star import's),
+        named by the index; None for libraries."""
+        imported = dotted if dotted is not None else facts.imports.get(local_name)
         if imported is None or facts.filename.startswith("<"):
             return None
         if imported.split(".")[0] in LIBRARY_ROOTS:
@@ -358,8 +361,10 @@ class CachedView:
     def resolve(self, facts: Facts, local_name: str) -> Definition | None:
         return self.workspace.resolve(facts, local_name, view=self)
 
-    def module_facts(self, facts: Facts, local_name: str) -> Facts | None:
-        return self.workspace.module_facts(facts, local_name)
+    def module_facts(
+        self, facts: Facts, local_name: str, dotted: str | None = None
+    ) -> Facts | None:
+        return self.workspace.module_facts(facts, local_name, dotted)
 
 
 def _definition_at(facts: Facts, line: int, name: str) -> Definition | None:

@@ -199,6 +199,8 @@ class IndexQueries:
         else:
             # Relative imports keep their dots: never a torch name, but resolvable by jedi.
             module = "." * node.level + (node.module or "")
+            if any(alias.name == "*" for alias in node.names) and node.module:
+                self.star_modules.append(module)
             for alias in node.names:
                 local = alias.asname or alias.name
                 self.imports[local] = (
@@ -207,6 +209,46 @@ class IndexQueries:
                 if getattr(alias, "lineno", None) is not None:
                     column = self.source.column(alias.lineno, alias.col_offset)
                     self.import_positions[local] = (alias.lineno, column)
+
+    def adopt_star_imports(self) -> None:
+        """`from utils import *` of a project module binds, among the rest, the libraries that
+        module imports (`torch`, once `utils` did `import torch`): copy its absolute imports
+        into this file's table for every public name it exports that this file does not bind
+        itself, so `torch.no_grad()` resolves here too. Needs a workspace to find the module."""
+        workspace = getattr(self, "workspace", None)
+        if workspace is None or not self.star_modules:
+            return
+        bound = set(self.imports) | set(self.assignments.get(self.tree, {}))
+        bound |= set(self.functions) | set(self.classes)
+        for module in self.star_modules:
+            other = workspace.module_facts(self, "*", dotted=module)
+            if other is None:
+                continue
+            exported = other.exported_names()
+            for name, target in other.imports.items():
+                if name in bound or name.startswith("_") or target.startswith("."):
+                    continue
+                if exported is not None and name not in exported:
+                    continue
+                self.imports[name] = target
+                bound.add(name)
+
+    def exported_names(self) -> set[str] | None:
+        """The names a module-level `__all__ = [...]` lists, or None without one."""
+        for statement in self.tree.body:
+            if (
+                isinstance(statement, ast.Assign)
+                and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Name)
+                and statement.targets[0].id == "__all__"
+                and isinstance(statement.value, (ast.List, ast.Tuple))
+            ):
+                return {
+                    e.value
+                    for e in statement.value.elts
+                    if isinstance(e, ast.Constant) and isinstance(e.value, str)
+                }
+        return None
 
     def enclosing_statement(self, node: ast.AST) -> ast.stmt | None:
         current: ast.AST | None = node
