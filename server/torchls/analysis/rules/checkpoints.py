@@ -489,6 +489,23 @@ def load_weights_only_false(facts: Facts) -> Iterator[Hit]:
 ACKNOWLEDGING_WORDS = ("strict", "missing", "partial", "mismatch", "omit", "not saved", "head")
 
 
+def _literal_keys(value: ast.AST) -> bool:
+    """A dict written out with constant string keys (`{"scale": s}`, `dict(scale=s)`): the
+    code names every entry it sets, so the keys it leaves out are left out on purpose."""
+    if isinstance(value, ast.Dict):
+        return bool(value.keys) and all(
+            isinstance(k, ast.Constant) and isinstance(k.value, str) for k in value.keys
+        )
+    return (
+        isinstance(value, ast.Call)
+        and isinstance(value.func, ast.Name)
+        and value.func.id == "dict"
+        and not value.args
+        and bool(value.keywords)
+        and all(k.arg is not None for k in value.keywords)
+    )
+
+
 def _prepared_or_acknowledged(
     facts: Facts, call: ast.Call, statement: ast.stmt, state: ast.AST
 ) -> bool:
@@ -533,6 +550,8 @@ def _prepared_or_acknowledged(
     for value in values:
         if isinstance(value, ast.Call) and facts.method_name(value) == "state_dict":
             return True  # a live module's own weights
+        if _literal_keys(value):
+            return True  # `{"log_alpha": tensor}`: the keys set are named right here
     following = _next_statement(facts, statement)
     if isinstance(following, ast.Assert) and function is not facts.tree:
         return True
@@ -936,8 +955,9 @@ def load_state_dict_not_strict_unchecked(facts: Facts) -> Iterator[Hit]:
     differs, two partial loads into the same module follow each other (base weights, then
     an adapter's), keys were dropped from the dict by their literal names first
     (`sd.pop("fc.weight")`),
-    the weights come from a live module's `state_dict()`, each loop iteration loads one
-    shard, an `assert` checks the result right after, or a comment on the call explains
+    the weights come from a live module's `state_dict()` or from a dict written out with
+    the names of the entries it sets (`{"log_alpha": values}`), each loop iteration loads
+    one shard, an `assert` checks the result right after, or a comment on the call explains
     the mismatch.
 
     ## Why it is wrong
