@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from torchls.analysis.facts import Facts, Origin
 from torchls.analysis.findings import Fix, Span
 from torchls.analysis.queries.tensors import activation_input, activation_of
+from torchls.analysis.queries.vocabulary import _unwrap_iterable
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._edits import replace_node
 
@@ -136,7 +137,8 @@ def batch_not_moved_to_device(facts: Facts) -> Iterator[Hit]:
     loader is passed to it without being moved. Values meant to stay on the host are not
     reported: the lengths given to `pack_padded_sequence`, or an input the model's `forward`
     only uses as such. Nor is a batch given to `nn.DataParallel` or to
-    `DistributedDataParallel(..., device_ids=[gpu])`: their forward copies it to the device.
+    `DistributedDataParallel(..., device_ids=[gpu])`: their forward copies it to the device,
+    nor one from a loader whose in-file `collate_fn` returns every tensor already moved.
 
     ## Why it is wrong
     On a GPU this fails at the first batch ("Expected all tensors to be on the same device"),
@@ -163,7 +165,7 @@ def batch_not_moved_to_device(facts: Facts) -> Iterator[Hit]:
             for name in ast.walk(loop.target)  # type: ignore[attr-defined]
             if isinstance(name, ast.Name)
         }
-        if not targets:
+        if not targets or _collated_onto_device(facts, loop):
             continue
         reported: set[str] = set()
         for call in facts.calls_in(loop):
@@ -213,6 +215,68 @@ def _same_object_in_sight(
         if passed not in moved or facts.scope(moved[passed]) not in (
             facts.scope(argument),
             facts.tree,
+        ):
+            return False
+    return True
+
+
+def _collated_onto_device(facts: Facts, loop: ast.AST) -> bool:
+    """The loop iterates a `DataLoader(..., collate_fn=f)` whose in-file `f` moves what it
+    builds (`return labels.to(device), text.to(device)`): the batches arrive on the device.
+    The loader is told from its binding, or for a parameter from every call site."""
+    iterable = _unwrap_iterable(loop.iter) if isinstance(loop, (ast.For, ast.AsyncFor)) else None
+    if iterable is None:
+        return False
+    loaders = _bound_values(facts, iterable)
+    if not loaders:
+        return False
+    return all(_loader_collates_onto_device(facts, loader) for loader in loaders)
+
+
+def _bound_values(facts: Facts, expr: ast.expr, depth: int = 0) -> list[ast.expr]:
+    """What a name holds, followed through plain renamings and, for a parameter, through
+    the argument of every call site; empty when something cannot be told."""
+    if not isinstance(expr, ast.Name):
+        return [expr]
+    if depth > 3:
+        return []
+    value = facts.binding_value(expr)
+    if value is not None:
+        return _bound_values(facts, value, depth + 1)
+    if facts.reaching_assignment(expr) is not None:
+        return []
+    found: list[ast.expr] = []
+    for argument in facts.parameter_arguments(expr) or []:
+        values = _bound_values(facts, argument, depth + 1)
+        if not values:
+            return []
+        found.extend(values)
+    return found
+
+
+def _loader_collates_onto_device(facts: Facts, loader: ast.expr | None) -> bool:
+    if not isinstance(loader, ast.Call):
+        return False
+    collate = next((k.value for k in loader.keywords if k.arg == "collate_fn"), None)
+    if not isinstance(collate, ast.Name):
+        return False
+    function = facts.functions.get(collate.id)
+    if function is None:
+        return False
+    returns = [n for n in ast.walk(function) if isinstance(n, ast.Return) and n.value is not None]
+    if not returns:
+        return False
+    for returned in returns:
+        value = returned.value
+        items = value.elts if isinstance(value, ast.Tuple) else [value]
+        if not all(
+            isinstance(item, ast.Call)
+            and facts.method_name(item) in MOVE_METHODS
+            and (
+                facts.method_name(item) == "cuda"
+                or (item.args and not isinstance(item.args[0], ast.Constant))
+            )
+            for item in items
         ):
             return False
     return True
