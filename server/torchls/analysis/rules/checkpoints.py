@@ -506,6 +506,19 @@ def _literal_keys(value: ast.AST) -> bool:
     )
 
 
+def _entries_added(facts: Facts, function: ast.AST, name: str) -> bool:
+    """Some `name[key] = value` in `function` adds to the dict (a converter filling in keys
+    it computes: one that misses a key is what strict=False would hide)."""
+    return any(
+        isinstance(node, ast.Assign)
+        and any(
+            isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and t.value.id == name
+            for t in node.targets
+        )
+        for node in facts.walk_local(function)
+    )
+
+
 def _prepared_or_acknowledged(
     facts: Facts, call: ast.Call, statement: ast.stmt, state: ast.AST
 ) -> bool:
@@ -550,7 +563,7 @@ def _prepared_or_acknowledged(
     for value in values:
         if isinstance(value, ast.Call) and facts.method_name(value) == "state_dict":
             return True  # a live module's own weights
-        if _literal_keys(value):
+        if _literal_keys(value) and not (name and _entries_added(facts, function, name)):
             return True  # `{"log_alpha": tensor}`: the keys set are named right here
     following = _next_statement(facts, statement)
     if isinstance(following, ast.Assert) and function is not facts.tree:
@@ -956,9 +969,9 @@ def load_state_dict_not_strict_unchecked(facts: Facts) -> Iterator[Hit]:
     an adapter's), keys were dropped from the dict by their literal names first
     (`sd.pop("fc.weight")`),
     the weights come from a live module's `state_dict()` or from a dict written out with
-    the names of the entries it sets (`{"log_alpha": values}`), each loop iteration loads
-    one shard, an `assert` checks the result right after, or a comment on the call explains
-    the mismatch.
+    the names of the entries it sets (`{"log_alpha": values}`, never added to), each loop
+    iteration loads one shard, an `assert` checks the result right after, or a comment on
+    the call explains the mismatch.
 
     ## Why it is wrong
     `strict=False` turns every key mismatch into silence. A renamed layer, a `module.` prefix
