@@ -654,7 +654,10 @@ def _binding_values(facts: Facts, name: str, scope: ast.AST) -> list[ast.AST]:
 
 
 def _state_dict_owner(facts: Facts, value: ast.expr) -> ast.expr | None:
-    """`model` for a value `model.state_dict()` (or `model.module.state_dict()`)."""
+    """`model` for a value `model.state_dict()` (or `model.module.state_dict()`), also when
+    it is saved only where the object exists (`sched.state_dict() if sched else None`)."""
+    if isinstance(value, ast.IfExp):
+        return _state_dict_owner(facts, value.body) or _state_dict_owner(facts, value.orelse)
     if isinstance(value, ast.Call) and facts.method_name(value) == "state_dict":
         return facts.receiver(value)
     return None
