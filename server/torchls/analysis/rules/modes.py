@@ -913,7 +913,8 @@ def _loss_names(
 
 
 def _accumulation(stmt: ast.stmt) -> tuple[str, ast.expr, str] | None:
-    """(accumulator, value, how) for `acc.append(v)`, `acc += v`, `acc[k] = v`, `acc[k] += v`."""
+    """(accumulator, value, how) for `acc.append(v)`, `acc += v`, `acc[k] = v`, `acc[k] += v`
+    (an assignment to a constant key replaces the value it held: no accumulation)."""
     if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
         call = stmt.value
         func = call.func
@@ -932,6 +933,8 @@ def _accumulation(stmt: ast.stmt) -> tuple[str, ast.expr, str] | None:
     if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
         target = stmt.targets[0]
         if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
+            if isinstance(target.slice, ast.Constant):
+                return None  # `latest["d"] = d_loss`: one slot, overwritten every step
             return target.value.id, stmt.value, "[]="
     return None
 
@@ -1098,7 +1101,8 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
     ## Why it is wrong
     Each stored loss keeps its whole computation graph, activations included, alive. Memory
     grows every iteration until the run dies with an out-of-memory error hours in. Summing
-    losses that are backward()-ed together afterwards is intended and is not reported.
+    losses that are backward()-ed together afterwards is intended and is not reported, nor is
+    a slot under a constant key (`latest["d"] = d_loss`) that every step overwrites.
 
     ## Example
     ```python
