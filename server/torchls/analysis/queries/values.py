@@ -209,7 +209,86 @@ class ValueQueries:
         out: list[Origin] = []
         for owner, returned in returns:
             out.extend(self._origins_in(owner, returned, depth, (*via, call)))
+        instance = self._module_instance(call, bound)
+        if instance is not None:
+            kept = [o for o in out if not self._ruled_out_by_flags(o, *instance)]
+            out = kept or out
         return out
+
+    def _ruled_out_by_flags(
+        self, origin: Origin, owner: Facts, info: ClassInfo, constructor: ast.Call
+    ) -> bool:
+        """`origin` sits in an arm of an `if self.flag:` in the class's own methods that
+        the construction `constructor` never takes: the flag is stored from a constructor
+        parameter that this call leaves at its constant default or sets to a constant
+        (`if self.use_softmax: out = F.softmax(out)` with `LMF(...)` built with the default
+        `use_softmax=False`)."""
+        if origin.branch is None or (origin.facts or self) is not owner:
+            return False
+        child: ast.AST = origin.branch
+        current = owner.parents.get(child)
+        while current is not None and current is not info.node:
+            if isinstance(current, ast.If):
+                value = owner._flag_at_construction(current.test, info, constructor)
+                if value is not None:
+                    in_body = any(owner.is_inside(child, stmt) for stmt in current.body)
+                    if in_body != value:
+                        return True
+            child, current = current, owner.parents.get(current)
+        return False
+
+    def _flag_at_construction(
+        self, test: ast.expr, info: ClassInfo, constructor: ast.Call
+    ) -> bool | None:
+        """The truth of `self.flag` / `not self.flag` for the instance `constructor` builds,
+        or None when it cannot be told from constants."""
+        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            inner = self._flag_at_construction(test.operand, info, constructor)
+            return None if inner is None else not inner
+        if not (
+            isinstance(test, ast.Attribute)
+            and isinstance(test.value, ast.Name)
+            and test.value.id == "self"
+        ):
+            return None
+        stored = info.attributes.get(test.attr, [])
+        init = info.methods.get("__init__")
+        if len(stored) != 1 or not isinstance(stored[0], ast.Name) or init is None:
+            return None
+        if not self.is_inside(stored[0], init):
+            return None
+        name = stored[0].id
+        arguments = init.args
+        if arguments.vararg is not None or arguments.kwarg is not None:
+            return None
+        if self.assignments_of(name, init)[1:]:
+            return None  # rebound in __init__ after it arrived as a parameter
+        positional = [*arguments.posonlyargs, *arguments.args][1:]
+        names = [a.arg for a in positional]
+        value: ast.expr | None = None
+        if name in names:
+            index = names.index(name)
+            if any(isinstance(a, ast.Starred) for a in constructor.args) or any(
+                k.arg is None for k in constructor.keywords
+            ):
+                return None
+            if index < len(constructor.args):
+                value = constructor.args[index]
+            defaults = arguments.defaults
+            first_default = len(positional) - len(defaults)
+            if value is None and index >= first_default:
+                value = defaults[index - first_default]
+        else:
+            kwonly = [a.arg for a in arguments.kwonlyargs]
+            if name not in kwonly:
+                return None
+            value = arguments.kw_defaults[kwonly.index(name)]
+        for keyword in constructor.keywords:
+            if keyword.arg == name:
+                value = keyword.value
+        if not isinstance(value, ast.Constant):
+            return None
+        return bool(value.value)
 
     def _module_constructor(
         self, func: ast.expr, depth: int, bound: ast.expr | None = None
@@ -285,7 +364,26 @@ class ValueQueries:
             klass = self.enclosing_class(call)
             info = self.module_class(klass.name) if klass else None
             found = (self, info) if info is not None else None
-        elif isinstance(func, (ast.Name, ast.Attribute)):
+        else:
+            instance = self._module_instance(call, bound)
+            found = instance[:2] if instance is not None else None
+        if found is None:
+            return None
+        owner, info = found
+        returns = owner._forward_returns(info, depth)
+        return [(owner, r) for r in returns] if returns is not None else None
+
+    def _module_instance(
+        self, call: ast.Call, bound: ast.expr | None = None
+    ) -> tuple[Facts, ClassInfo, ast.Call] | None:
+        """(file facts, class, constructor call) of the project module instance `call`
+        calls (`model(x)` after `model = Net(...).to(device)`), when its construction is in
+        sight."""
+        func = call.func
+        found: tuple[Facts, ClassInfo, ast.Call] | None = None
+        if isinstance(func, (ast.Name, ast.Attribute)) and not (
+            isinstance(func, ast.Name) and func.id == "self"
+        ):
             value = bound if bound is not None else self.binding_value(func)
             steps = 0
             while isinstance(value, ast.Call) and steps < MAX_DEPTH:
@@ -293,8 +391,9 @@ class ValueQueries:
                     value = self._wrapped(value)
                     steps += 1
                     continue
-                found = self.module_class_of_call(value)
-                if found is not None:
+                klass = self.module_class_of_call(value)
+                if klass is not None:
+                    found = (*klass, value)
                     break
                 receiver = self.receiver(value)
                 if self.returns_receiver(value):
@@ -304,11 +403,7 @@ class ValueQueries:
                     steps += 1
                     continue
                 break
-        if found is None:
-            return None
-        owner, info = found
-        returns = owner._forward_returns(info, depth)
-        return [(owner, r) for r in returns] if returns is not None else None
+        return found
 
     def _forward_returns(self, info: ClassInfo, depth: int) -> list[ast.expr] | None:
         forward = info.methods.get("forward")

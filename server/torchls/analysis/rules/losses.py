@@ -137,7 +137,9 @@ def softmax_before_cross_entropy(facts: Facts) -> Iterator[Hit]:
     different paths (CTC in one branch, cross-entropy in the other) is not reported. When an
     `if` chooses the model or the tensor (`model = A()` / `model = B()`, a module-level choice
     read by the training function included), a choice that feeds a softmax is reported with
-    the line of that choice.
+    the line of that choice; a softmax in `forward` under `if self.flag:`, with the flag a
+    constructor parameter the model is built with set (or left by default) to a false
+    constant, is a path that never runs and is not reported.
 
     ## Why it is wrong
     Cross-entropy applies `log_softmax` to its input itself. Feeding it probabilities squashes
