@@ -498,6 +498,8 @@ class ValueQueries:
                     continue  # `torch.rand_like(out)`: a new leaf with `out`'s shape only
                 if self.returns_receiver(node) and self.constructs_module(node):
                     continue  # moving a module (`D.cuda()`): its parameters are leaves
+                if self._grad_free_callee(node):
+                    continue  # `tuner.tune(pred)` under `@torch.no_grad()`: returns no graph
                 func = node.func
                 if self.is_forward_call(node):
                     found.add(node)
@@ -529,6 +531,17 @@ class ValueQueries:
                 continue
             todo.extend(ast.iter_child_nodes(node))
         return found
+
+    def _grad_free_callee(self, call: ast.Call) -> bool:
+        """`call` runs a project function decorated with `@torch.no_grad()` (or
+        `inference_mode`): whatever it returns was computed without a graph."""
+        if not isinstance(call.func, (ast.Name, ast.Attribute)):
+            return False
+        found = self.callee(call)
+        if found is None:
+            return False
+        owner, function, _ = found
+        return owner.grad_disabling_decorator(function)
 
     def is_forward_call(self, call: ast.Call) -> bool:
         """`model(x)` / `self.net(x)`: a call of a module instance, which records a graph.

@@ -80,7 +80,9 @@ def backward_twice(facts: Facts) -> Iterator[Hit]:
     Two `backward()` calls in one iteration whose losses both depend on the same model call
     (the same forward pass), when the first call does not pass `retain_graph=True`. Calls on
     exclusive paths (an `if`/`else`, or a branch that ends with `continue`/`break`/`return`)
-    are not paired, and building or moving a module is not a forward pass.
+    are not paired, and building or moving a module is not a forward pass. What a project
+    function under `@torch.no_grad()` returns carries no graph (a statistic of the first
+    forward's output fed to the next step, say).
 
     ## Why it is wrong
     `backward()` frees the graph's saved tensors. The second call raises "Trying to backward
