@@ -216,6 +216,8 @@ def eval_without_eval_mode(facts: Facts) -> Iterator[Hit]:
         # built in training mode.
         if not modes or any(fact.mode not in ("train", "default") for fact in modes):
             continue
+        if not mode_sensitive(facts, call.func) and _applied_to_outputs(facts, call, key):
+            continue  # a mode-free loss or metric module run on the model's outputs
         edits = [insert_line_before(facts, context, f"{key}.eval()")]  # type: ignore[arg-type]
         if any(
             facts.node_reaches(outer, facts.is_backward) for outer in facts.enclosing_loops(context)
@@ -231,6 +233,23 @@ def eval_without_eval_mode(facts: Facts) -> Iterator[Hit]:
             fix,
         )
     yield from _flag_evaluations(facts)
+
+
+def _applied_to_outputs(facts: Facts, call: ast.Call, key: str) -> bool:
+    """Some argument of `call` is the output of another module's forward (`criterion(
+    model(x), y)`, or through a local): the called module post-processes a model's outputs,
+    like a loss written as an `nn.Module`."""
+    for argument in [*call.args, *(k.value for k in call.keywords)]:
+        for origin in facts.origins(argument):
+            for node in (origin.node, *origin.via):
+                if (
+                    isinstance(node, ast.Call)
+                    and node in facts.parents  # a node of this file
+                    and facts.is_forward_call(node)
+                    and facts.key(node.func) != key
+                ):
+                    return True
+    return False
 
 
 def _why_mode_matters(facts: Facts, call: ast.Call) -> str:
@@ -726,7 +745,8 @@ def missing_zero_grad(facts: Facts) -> Iterator[Hit]:
     autograd (`dist_autograd.backward(context_id, ...)` with a `DistributedOptimizer`) keeps
     gradients per context, not in `.grad`, and is not reported. With two optimizers in one
     loop (a GAN), an optimizer whose parameters no `zero_grad()` there clears is reported
-    too, when every clearing in the loop names a known optimizer or model. Files that train
+    too, when every clearing in the loop names a known optimizer or model; when the loop
+    clears nothing at all, each optimizer it steps is reported once. Files that train
     with another framework and never import torch (MXNet's Gluon) are not checked, nor are
     optimizers handed to an Opacus privacy engine (its step rebuilds `.grad` itself).
 
@@ -750,14 +770,17 @@ def missing_zero_grad(facts: Facts) -> Iterator[Hit]:
     """
     if _other_framework(facts):
         return  # MXNet's or TensorFlow's backward overwrites gradients: nothing to clear
-    reported: set[int] = set()
+    # Each optimizer once per loop: with two optimizers and no clearing at all, each gets its
+    # own finding and fix (clearing one leaves the other's gradients accumulating).
+    reported: set[tuple[int, str]] = set()
     private = _privacy_wrapped(facts)
     for step, optimizer in _steps(facts):
         loops = facts.enclosing_loops(step)
         if not loops or facts.key(optimizer) in private:
             continue
         loop = loops[0]
-        if id(loop) in reported or not facts.node_reaches(loop, facts.accumulates_grad):
+        seen = (id(loop), facts.key(optimizer) or facts.source.segment(optimizer))
+        if seen in reported or not facts.node_reaches(loop, facts.accumulates_grad):
             continue
         if _clears_grads_in(facts, loop):
             if id(step) in _uncleared_steps(facts, loop):
@@ -771,7 +794,7 @@ def missing_zero_grad(facts: Facts) -> Iterator[Hit]:
                     None,
                 )
             continue
-        reported.add(id(loop))
+        reported.add(seen)
         optimizer_text = facts.source.segment(optimizer)
         body_start = loop.body[0]  # type: ignore[attr-defined]
         yield Hit(
