@@ -287,6 +287,31 @@ def _is_memory(error: BaseException) -> bool:
     )
 
 
+def _note_data_pass(
+    state: dict, where: Location | None, request: Request, outcome: Outcome
+) -> None:
+    """The batch bound was reached before any model ran or any optimizer was made: what the
+    bound cut was a pass over the data (statistics, a vocabulary, a look at the batches), and
+    the training never started. The run is complete as asked, but it showed nothing of the
+    model, and the report must not let that pass for a clean training step."""
+    roots = state.get("roots")
+    if roots is None or roots.models or roots.optimizers:
+        return
+    at = ""
+    if where is not None:
+        shown, base = where.filename, request.cwd or request.root
+        if base:  # as the text report shows paths: relative to where the script runs
+            with contextlib.suppress(ValueError):
+                shown = os.path.relpath(where.filename, base)
+        at = f" at {shown}:{where.line}"
+    outcome.notes.append(
+        f"the batch bound ({request.batch_cap} batches) was reached{at} before any model ran "
+        "or any optimizer was made: a pass over the data was cut short and the training never "
+        "started; raise the batch bound past that pass (--batches N; without it the bound is "
+        "the step count)"
+    )
+
+
 def _classify(error: BaseException, request: Request, outcome: Outcome, state: dict) -> None:
     trace = state.get("trace")
     user: UserCode | None = state.get("user")
@@ -298,6 +323,8 @@ def _classify(error: BaseException, request: Request, outcome: Outcome, state: d
         return  # another rank failed, hung or went away: not this rank's error
     if isinstance(error, ProbeStop):
         outcome.stopped_by = error.reason
+        if error.reason == "batches":
+            _note_data_pass(state, where, request, outcome)
         return
     from torchls_probe.targets import SetupError
 

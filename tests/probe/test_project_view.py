@@ -238,3 +238,36 @@ def test_a_temporary_folder_inside_the_project_is_not_copied_into_itself(tmp_pat
     assert (copy / "train.py").exists()
     assert not any((copy / "tmp").iterdir())  # a stand-in only, nothing copied into it
     assert view.excluded_entry(project / "tmp")[1] == "holds the sandbox's own scratch files"
+
+
+def test_a_module_above_the_project_that_the_sandbox_hides_names_the_root_option(
+    tmp_path: Path,
+):
+    """`sys.path.append("..")` and a module beside the script's folder (an `example/` folder
+    next to the package, say): the file exists, but above the project the run sees, under
+    /tmp that the sandbox hides. The finding says so and names --root; with it the run works.
+    A module that exists nowhere stays the user's own error."""
+    repository = tmp_path / "repository"
+    example = repository / "example"
+    example.mkdir(parents=True)
+    (repository / "helpers_above.py").write_text("SCALE = 2\n")
+    script = example / "train.py"
+    script.write_text(
+        "import sys\n"
+        "sys.path.append('..')\n"
+        "import helpers_above\n"
+        "print('SCALE', helpers_above.SCALE)\n"
+    )
+    hidden = run_repro(script, _options(cwd=str(example)))
+    finding = next(f for f in hidden.findings if f.code == "TL905")
+    assert hidden.data["exception"]["sandbox_cause"] == "hidden_module", hidden.data
+    assert "the sandbox did it" in finding.message
+    assert f"--root {repository}" in finding.message, finding.message
+    assert str(repository / "helpers_above.py") in finding.message
+    widened = run_repro(script, _options(cwd=str(example), root=str(repository)))
+    assert widened.status == "ok", widened.data
+    assert "SCALE 2" in widened.data["output"]["head"]
+    (example / "nowhere.py").write_text("import module_that_exists_nowhere\n")
+    own = run_repro(example / "nowhere.py", _options(cwd=str(example)))
+    assert own.data["exception"]["type"] == "ModuleNotFoundError"
+    assert "sandbox_cause" not in own.data["exception"]

@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from torchls.lsp import repro_messages
+from torchls.probe.text import render
+
 pytest.importorskip("torch")
 
 HAND_WRITTEN = """\
@@ -221,3 +224,67 @@ def test_a_timeout_between_steps_names_that_phase(repro) -> None:
     assert limit, report.data["findings"]
     assert "after optimizer step 1" in limit[0]["message"]
     assert "ran no backward" in limit[0]["message"]
+
+
+DATA_PASS_FIRST = """\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+loader = DataLoader(TensorDataset(torch.randn(40, 3)), batch_size=4)
+mean = torch.cat([batch for (batch,) in loader]).mean(0)  # <- data pass
+model = torch.nn.Linear(3, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(3):
+    for (batch,) in loader:
+        loss = model(batch - mean).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+"""
+
+EVAL_ONLY = """\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+loader = DataLoader(TensorDataset(torch.randn(40, 3)), batch_size=4)
+model = torch.nn.Linear(3, 1).eval()
+with torch.no_grad():
+    for (batch,) in loader:
+        model(batch)
+"""
+
+
+def _bound_note(data: dict) -> list[str]:
+    return [n for n in data["notes"] if n.startswith("the batch bound")]
+
+
+def test_a_batch_bound_reached_in_a_data_pass_says_the_training_never_started(
+    repro, project: Path
+) -> None:
+    """Statistics over the loader before the model exists meet the batch bound first: the run
+    is complete as asked, but the report says that it cut a data pass, where, and how to let
+    the pass finish; with a larger batch bound the training steps are reached."""
+    report, path = repro(DATA_PASS_FIRST, steps=2)
+    data = report.data
+    assert data["stopped_by"] == "batches" and data["progress"]["optimizer_steps"] == 0
+    [note] = _bound_note(data)
+    lines = path.read_text().splitlines()
+    line = next(number for number, text in enumerate(lines, 1) if "<- data pass" in text)
+    assert f"train.py:{line} " in note and "--batches" in note, note
+    text = render(report, cwd=str(project))
+    assert "notes:" in text and "a pass over the data was cut short" in text
+    message = repro_messages.limit_problem(data, str(path))
+    assert message is not None and "torchls.probe.steps" in message
+
+    longer, _ = repro(DATA_PASS_FIRST, steps=2, batches=30)
+    assert longer.data["stopped_by"] == "steps", longer.data["stopped_by"]
+    assert longer.data["progress"]["optimizer_steps"] == 2
+    assert not _bound_note(longer.data)
+    assert repro_messages.limit_problem(longer.data, str(path)) is None
+
+
+def test_a_batch_bound_in_an_evaluation_loop_is_no_cut_data_pass(repro) -> None:
+    report, path = repro(EVAL_ONLY, steps=2)
+    assert report.data["stopped_by"] == "batches"
+    assert not _bound_note(report.data)
+    assert repro_messages.limit_problem(report.data, str(path)) is None

@@ -94,6 +94,18 @@ def limit_problem(data: dict[str, Any], file: str) -> str | None:
             f"torchls: the repro of {name} was stopped because the script printed more than "
             "the output cap. Print less during training steps."
         )
+    progress = data.get("progress") or {}
+    if (
+        stopped_by == "batches"
+        and not progress.get("optimizer_steps")
+        and not progress.get("backward_calls")
+        and any(str(note).startswith("the batch bound") for note in data.get("notes") or [])
+    ):
+        return (
+            f"torchls: the repro of {name} reached its batch bound in a pass over the data, "
+            "before any model ran: the training never started. Raise `torchls.probe.steps` "
+            "(the batch bound follows it) past that pass."
+        )
     if data.get("status") == "crashed":
         findings = data.get("findings") or []
         detail = _plain(findings[0].get("message")) if findings else "the interpreter died"

@@ -5,7 +5,8 @@ because the sandbox hides it looks like the user's own bug (TL905) unless someon
 otherwise. In: the final report (its `exception` and TL905 finding, both written by the run and
 so only matched against, never trusted further), the prepared run and its project view. Out:
 the TL905 message extended with the sandbox's part and the option that allows what was refused,
-and `exception.sandbox_cause` (`write_refused|network_refused|hidden_file|missing_relative`).
+and `exception.sandbox_cause` (`write_refused|network_refused|hidden_file|missing_relative|
+hidden_module`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ _NETWORK = (
 )
 _NETWORK_TYPES = {"gaierror", "URLError", "ConnectionError", "MaxRetryError", "LocalEntryNotFound"}
 _MISSING = ("No such file or directory", "[Errno 2]")
+_NO_MODULE = re.compile(r"No module named '([A-Za-z_][\w.]{0,200})'")
 
 
 def explain(report: ReproReport, prepared: Prepared, project: ProjectView) -> None:
@@ -71,6 +73,8 @@ def _cause(
             "allow it, never for code you do not trust; datasets and weights already in "
             "~/.cache/torch or ~/.cache/huggingface are visible",
         )
+    if kind == "ModuleNotFoundError":
+        return _hidden_module(text, prepared, project)
     if path is not None and any(marker in text for marker in _MISSING):
         return _missing(path, prepared, project)
     return None
@@ -101,8 +105,6 @@ def _write_refused(path: str | None, prepared: Prepared, project: ProjectView) -
 
 
 def _missing(path: str, prepared: Prepared, project: ProjectView) -> tuple[str, str] | None:
-    from torchls.probe.sandbox import HIDDEN_DIRS, home_dirs
-
     where = _absolute(path, prepared)
     if where is None:
         return None
@@ -112,10 +114,8 @@ def _missing(path: str, prepared: Prepared, project: ProjectView) -> tuple[str, 
             f"relative paths are read from where the script runs, {_show(prepared.cwd)}; "
             "pass --cwd FOLDER to run it from elsewhere",
         )
-    hidden = [*home_dirs(), *map(Path, HIDDEN_DIRS)]
-    behind = any(where == h or h in where.parents for h in hidden)
     there = where.exists() or where.parent.is_dir()  # on the host: the sandbox hid it
-    if behind and there and not project.covers(where):
+    if _behind_hidden(where) and there and not project.covers(where):
         return (
             "hidden_file",
             f"the sandbox did it: it hides your home folders, /tmp, /var/tmp and /run, and "
@@ -123,6 +123,44 @@ def _missing(path: str, prepared: Prepared, project: ProjectView) -> tuple[str, 
             "to let the run see that folder (through a copy: nothing reaches your files)",
         )
     return None
+
+
+def _hidden_module(text: str, prepared: Prepared, project: ProjectView) -> tuple[str, str] | None:
+    """A module the script imports from a folder above the project (`sys.path.append("..")`,
+    a package beside the script's folder) that the sandbox hides: it exists on the host, in a
+    folder above the script, under a home folder or /tmp, and outside what the run sees."""
+    from torchls.probe.prepare import unfit_folder
+
+    match = _NO_MODULE.search(text)
+    if match is None:
+        return None
+    parts = match.group(1).split(".")
+    start = prepared.file.parent
+    for folder in (start, *start.parents):
+        candidate = folder.joinpath(*parts)
+        found = next(
+            (p for p in (candidate.parent / f"{parts[-1]}.py", candidate) if p.exists()), None
+        )
+        if found is None:
+            continue
+        if project.covers(found) or not _behind_hidden(found):
+            return None  # the run sees it: the import failed for another reason
+        if unfit_folder(folder) is not None:
+            return None  # a home folder cannot be the project: no option would help
+        return (
+            "hidden_module",
+            f"the sandbox did it: {match.group(1)!r} is {_show(found)}, outside the project "
+            f"the run sees ({_show(prepared.root)}), and the sandbox hides home folders and "
+            f"/tmp; pass --root {_show(folder)} to make that folder the project",
+        )
+    return None
+
+
+def _behind_hidden(where: Path) -> bool:
+    from torchls.probe.sandbox import HIDDEN_DIRS, home_dirs
+
+    hidden = [*home_dirs(), *map(Path, HIDDEN_DIRS)]
+    return any(where == h or h in where.parents for h in hidden)
 
 
 def _absolute(path: str, prepared: Prepared) -> Path | None:

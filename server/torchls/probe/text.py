@@ -40,6 +40,7 @@ def render(report: ReproReport, cwd: str | None = None) -> str:
     out += _table(data, base)
     out += _output(data)
     out += _written(data, base)
+    out += _notes(data)
     count = len(data.get("findings") or [])
     if report.setup_error is None:
         out.append("")
@@ -349,6 +350,19 @@ def _bytes(size: int) -> str:
         if size >= 1 << shift:
             return f"{size / (1 << shift):.1f} {unit}"
     return f"{size} B"
+
+
+def _notes(data: dict[str, Any]) -> list[str]:
+    """What the run and the host noted about the run itself (a bound that cut a data pass,
+    dropped output, a probe error): one line each, the first few, as untrusted text."""
+    notes = [note for note in data.get("notes") or [] if isinstance(note, str) and note.strip()]
+    if not notes:
+        return []
+    lines = ["", "notes:"]
+    lines += [f"  {untrusted.one_line(note, 300)}" for note in notes[:5]]
+    if len(notes) > 5:
+        lines.append(f"  ... {len(notes) - 5} more in the JSON report")
+    return lines
 
 
 def _output(data: dict[str, Any]) -> list[str]:
