@@ -173,7 +173,9 @@ def eval_without_eval_mode(facts: Facts) -> Iterator[Hit]:
     they are given in eval() themselves, one that does not is reported. A loop shared by both
     passes, whose backward and step run only under a test of one parameter
     (`run_epoch(..., train=False)`, `phase="val"`), is evaluation at the sites that pass the
-    value that skips them.
+    value that skips them. A module with no layer that reads the mode, run on another
+    module's outputs (a loss written as an `nn.Module`: `criterion(model(x), y)`), has
+    nothing to switch and is not reported.
 
     ## Why it is wrong
     In training mode dropout keeps dropping units and batch-norm normalises with the current
