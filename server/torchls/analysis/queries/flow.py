@@ -137,6 +137,57 @@ class FlowQueries:
             current = self.parents.get(current)
         return False
 
+    def parameters_frozen_before(self, key: str, node: ast.AST) -> bool:
+        """Before `node`, in its own function (or module), every parameter of the module
+        `key` names is frozen: `model.requires_grad_(False)`, or a loop over
+        `model.parameters()` / `model.named_parameters()` setting `requires_grad = False` on
+        each. A forward of it then records no graph unless its input asks for one."""
+        scope = self.scope(node)
+        for found in self.walk_local(scope):
+            if getattr(found, "lineno", node.lineno) >= node.lineno:  # type: ignore[attr-defined]
+                continue
+            if isinstance(found, ast.Call) and self.method_name(found) == "requires_grad_":
+                argument = found.args[0] if found.args else None
+                if (
+                    isinstance(argument, ast.Constant)
+                    and argument.value is False
+                    and self.key(self.same_object(self.receiver(found))) == key
+                ):
+                    return True
+            if isinstance(found, ast.For) and self._freezes_each(found, key):
+                return True
+        return False
+
+    def _freezes_each(self, loop: ast.For, key: str) -> bool:
+        """`for p in model.parameters(): p.requires_grad = False` (or `for name, p in
+        model.named_parameters(): ...`)."""
+        source = loop.iter
+        if not isinstance(source, ast.Call) or self.method_name(source) not in (
+            "parameters",
+            "named_parameters",
+        ):
+            return False
+        if self.key(self.same_object(self.receiver(source))) != key:
+            return False
+        target = loop.target
+        if isinstance(target, ast.Tuple) and target.elts:
+            target = target.elts[-1]
+        if not isinstance(target, ast.Name):
+            return False
+        return any(
+            isinstance(statement, ast.Assign)
+            and isinstance(statement.value, ast.Constant)
+            and statement.value.value is False
+            and any(
+                isinstance(t, ast.Attribute)
+                and t.attr == "requires_grad"
+                and isinstance(t.value, ast.Name)
+                and t.value.id == target.id
+                for t in statement.targets
+            )
+            for statement in loop.body
+        )
+
     def called_function(self, call: ast.Call) -> FunctionNode | None:
         """The in-file function or method a call runs (`helper(...)`, `self.step(...)`)."""
         if call in self._called:

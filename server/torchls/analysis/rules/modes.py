@@ -311,7 +311,9 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
     function under a decorator we cannot read (a project's own `@inference_decorator()`)
     may disable gradients itself and is not reported, nor is a loop that asks autograd for
     gradients itself (an adversarial attack: `torch.autograd.grad`, `requires_grad = True`,
-    an attack object from advertorch, torchattacks, foolbox or ART).
+    an attack object from advertorch, torchattacks, foolbox or ART), nor a model whose
+    parameters were all frozen before the loop (`model.requires_grad_(False)`, or
+    `requires_grad = False` set on each of `model.parameters()`).
 
     ## Why it is wrong
     `eval()` only changes how layers behave; it does not stop autograd. Every forward pass
@@ -336,6 +338,8 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
             continue
         if _needs_gradients(facts, context):
             continue  # an attack or a saliency map: the loop asks autograd for gradients
+        if facts.parameters_frozen_before(key, context):
+            continue  # no parameter requires a gradient: the forward records no graph
         yield Hit(
             call,
             f"`{key}` runs in an evaluation loop with gradients enabled; wrap the loop in "
