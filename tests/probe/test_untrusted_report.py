@@ -366,7 +366,7 @@ def test_progress_lines_from_the_run_are_plain() -> None:
         {"event": "progress", "stage": "step\x1b[2J", "message": "step 1\x1b]52;c;eA==\x07\r"},
         seen.append,
     )
-    assert seen[0].stage == "step[2J" and "\x1b" not in seen[0].message
+    assert seen[0].stage == "step" and "\x1b" not in seen[0].message  # the whole CSI goes
     assert "\x07" not in seen[0].message and "\r" not in seen[0].message
 
 
@@ -440,3 +440,17 @@ def test_the_untrusted_helpers_leave_no_syntax_behind() -> None:
     assert "<a " not in html and "<img" not in html and "<b>" not in html, html
     assert untrusted.code("a`b|c").count("`") == 2 and "\\|" in untrusted.code("a|b")
     assert textwrap.dedent(untrusted.one_line("x\ny", 10)) == "x y"
+
+
+def test_escape_sequences_go_whole_and_leave_the_words() -> None:
+    """torch's own messages carry colour codes (`\\x1b[1m...\\x1b[0m` in the weights-only
+    load error): the whole sequence goes, not only its ESC, so no `[1m` is left in a finding;
+    an OSC link or clipboard write goes with its payload, its visible text stays."""
+    from torchls.probe import untrusted
+
+    bold = "you have two options, \x1b[1mdo those steps only if you trust it\x1b[0m."
+    assert untrusted.terminal(bold) == "you have two options, do those steps only if you trust it."
+    link = "see \x1b]8;;https://evil.example\x1b\\the docs\x1b]8;;\x1b\\ and "
+    link += "\x1b]52;c;cHduZWQ=\x07 "
+    assert untrusted.terminal(link) == "see the docs and  "
+    assert untrusted.one_line("\x1b[31;1mred\x1b[0m \x1b[2K\x1b[1Gline") == "red line"

@@ -24,12 +24,21 @@ import re
 # C0 controls except tab and newline, DEL, the C1 block (which holds CSI and OSC as single
 # characters), and the Unicode bidirectional overrides that can reorder what is displayed.
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+# Whole escape sequences go first (CSI such as colours, OSC such as links and the clipboard,
+# and two-character escapes), so that what they were wrapped around reads as plain words and
+# no `[1m` residue is left once the ESC itself is removed.
+_ESCAPES = re.compile(
+    "\x1b\\[[0-?]{0,64}[ -/]{0,16}[@-~]"  # CSI: colours, cursor moves, erasing
+    "|\x1b\\][^\x07\x1b]{0,4096}(?:\x07|\x1b\\\\)?"  # OSC: links, the clipboard, titles
+    "|\x1b[@-Z\\\\-_]"  # the other two-character escapes
+)
 _MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()<>#+\-.!|~&\"'=:$^])")
 
 
 def terminal(text: object) -> str:
     """`text` without any character a terminal would act on (newline and tab kept)."""
-    return _CONTROL.sub("", str(text).replace("\r\n", "\n").replace("\r", "\n"))
+    text = _ESCAPES.sub("", str(text))
+    return _CONTROL.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
 
 
 def one_line(text: object, limit: int = 500) -> str:
