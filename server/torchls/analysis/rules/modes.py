@@ -433,8 +433,8 @@ def train_mode_not_restored(facts: Facts) -> Iterator[Hit]:
     `no_grad`), models whose every layer ignores the mode (linear, convolution and activation
     layers only: eval() changes nothing for them) and helpers that restore the mode they
     found (`was_training = model.training` ... `model.train(was_training)`) are not reported,
-    nor is an `eval()` chosen on purpose by one arm of an `if` whose other arm calls `train()`
-    (`if finetune: model.train() else: model.eval()`, a frozen backbone).
+    nor is an `eval()` (or `train(False)`) chosen on purpose by one arm of an `if` whose other
+    arm calls `train()` (`if finetune: model.train() else: model.eval()`, a frozen backbone).
 
     ## Why it is wrong
     In eval mode dropout is off and batch-norm uses frozen running statistics, so every epoch
@@ -558,8 +558,19 @@ def _guarded_apart(facts: Facts, setter: ast.AST, loop: ast.AST) -> bool:
 def _mode_chosen_by_branch(facts: Facts, setter: ast.AST) -> bool:
     """`setter` is a plain `model.eval()` statement in one arm of an `if`/`elif` chain whose
     other arm calls `model.train()` on the same model: the mode is picked on purpose for what
-    follows (a frozen backbone kept in eval mode for a linear probe), not left over."""
-    if not isinstance(setter, ast.Call) or facts.method_name(setter) != "eval" or setter.args:
+    follows (a frozen backbone kept in eval mode for a linear probe), not left over.
+    `model.train(False)` is the same statement as `model.eval()`."""
+    if not isinstance(setter, ast.Call) or setter.keywords:
+        return False
+    method = facts.method_name(setter)
+    plain_eval = method == "eval" and not setter.args
+    train_false = (
+        method == "train"
+        and len(setter.args) == 1
+        and isinstance(setter.args[0], ast.Constant)
+        and setter.args[0].value is False
+    )
+    if not (plain_eval or train_false):
         return False
     statement = facts.parents.get(setter)
     key = facts.key(facts.receiver(setter))
