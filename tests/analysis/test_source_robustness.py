@@ -45,6 +45,17 @@ def test_coding_cookie_is_honoured() -> None:
     assert codes(source) == ["TL101"]
 
 
+def test_a_cookie_naming_a_codec_registered_at_start_up_reads_as_utf8() -> None:
+    """`# -*- coding: future_fstrings -*-` (a codec a `.pth` file registers, common in older
+    projects) must not hide the whole file: its bytes are UTF-8 and it is analysed."""
+    source = ("# -*- coding: future_fstrings -*-\nname = f'caf\u00e9'\n" + BUGGY_TAIL).encode()
+    result = analyze(source)
+    assert result.error is None
+    assert codes(source) == ["TL101"]
+    undecodable = b"# -*- coding: no_such_codec -*-\nname = '\xff\xfe'\n"
+    assert "unknown source encoding" in (analyze(undecodable).error or "")
+
+
 def test_empty_and_whitespace_input() -> None:
     assert analyze("").findings == [] and analyze("").error is None
     assert analyze("\n\n   \n").findings == []

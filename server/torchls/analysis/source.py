@@ -25,7 +25,8 @@ class SourceError(Exception):
 
 
 def decode_source(data: bytes) -> str:
-    """Decode file bytes as Python does (BOM, PEP 263 cookie, else UTF-8)."""
+    """Decode file bytes as Python does (BOM, PEP 263 cookie, else UTF-8); a cookie naming a
+    codec this process does not know falls back to UTF-8 when the bytes are UTF-8."""
     if b"\x00" in data[:8192]:
         raise SourceError("binary file (contains NUL bytes), not Python source")
     encoding = "utf-8"
@@ -40,7 +41,12 @@ def decode_source(data: bytes) -> str:
     try:
         return data.decode(encoding)
     except LookupError:
-        raise SourceError(f"unknown source encoding {encoding!r}") from None
+        # A codec that a `.pth` registers at start-up (future_fstrings, say: a source rewriter
+        # whose input is UTF-8) is unknown to this process; the text is still UTF-8.
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise SourceError(f"unknown source encoding {encoding!r}") from None
     except UnicodeDecodeError as error:
         raise SourceError(
             f"not valid {encoding} at byte {error.start}; save the file as UTF-8"
