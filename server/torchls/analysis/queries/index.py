@@ -449,7 +449,10 @@ class IndexQueries:
                 for a in candidates
                 if (
                     (a.stmt.lineno, a.stmt.col_offset) < use_position
-                    and not self._within(name, use_position, a.stmt)
+                    and (
+                        not self._within(name, use_position, a.stmt)
+                        or self._in_with_body(name, a.stmt)
+                    )
                     and not self._other_arm(a.stmt, name)
                 )
                 or (a.loop is not None and self.is_inside(name, a.loop))
@@ -460,6 +463,13 @@ class IndexQueries:
                 return max(before, key=lambda a: (a.stmt.lineno, a.stmt.col_offset))
             return None
         return None
+
+    def _in_with_body(self, use: ast.AST, stmt: ast.stmt) -> bool:
+        """`stmt` is a `with ... as name:` and `use` reads the name in its body, where that
+        binding holds (`with amp.scale_loss(loss, opt) as scaled: scaled.backward()`)."""
+        return isinstance(stmt, (ast.With, ast.AsyncWith)) and any(
+            self.is_inside(use, item) for item in stmt.body
+        )
 
     def _other_arm(self, stmt: ast.stmt, use: ast.AST) -> bool:
         """`stmt` and `use` sit in the two arms of one `if` that no loop repeats (inside their
