@@ -7,7 +7,8 @@ changes nothing; mode rules stay quiet for such models. Any layer we cannot see 
 from an installed package, a factory, `torchvision.models.resnet18()`) counts as sensitive.
 
 In: a `Facts` and the expression that names the model. Out: `mode_sensitive(facts, expr)`:
-False only when every layer of the model is known and none depends on the mode.
+False only when every layer of the model is known and none depends on the mode;
+`built_mode_sensitive(facts, call)`, the same for the module a constructor call builds.
 """
 
 from __future__ import annotations
@@ -94,6 +95,12 @@ def mode_sensitive(facts: Facts, expr: ast.AST | None) -> bool:
     return _call_sensitive(facts, kind.node, 0) is not False
 
 
+def built_mode_sensitive(facts: Facts, call: ast.Call) -> bool:
+    """True unless every layer of the module that the constructor call `call` builds is known
+    to ignore the mode (`nn.Upsample(...)`, a loss class holding only `nn.MSELoss()`)."""
+    return _call_sensitive(facts, call, 0) is not False
+
+
 def _call_sensitive(facts: Facts, call: ast.Call, depth: int) -> bool | None:
     """Whether the module built by `call` depends on the mode; None when it cannot be told."""
     if depth > MAX_DEPTH:
@@ -101,8 +108,8 @@ def _call_sensitive(facts: Facts, call: ast.Call, depth: int) -> bool | None:
     qualname = facts.call_qualname(call) or ""
     if qualname.startswith("torch.nn.") and qualname.count(".") == 2:
         short = qualname.rsplit(".", 1)[1]
-        if short in MODE_FREE or short == "Parameter":
-            return False
+        if short in MODE_FREE or short == "Parameter" or short.endswith("Loss"):
+            return False  # torch's loss modules never read the mode either
         if short in RECURRENT:
             return _recurrent_dropout(call)
         if short in CONTAINERS:

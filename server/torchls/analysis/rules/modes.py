@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from torchls.analysis.facts import EVAL_FUNCTION_RE, Facts
 from torchls.analysis.findings import Fix
-from torchls.analysis.layers import mode_sensitive
+from torchls.analysis.layers import built_mode_sensitive, mode_sensitive
 from torchls.analysis.modes import ModeAnalysis, analyse_modes
 from torchls.analysis.queries.vocabulary import _unwrap_iterable
 from torchls.analysis.registry import Hit, rule
@@ -173,9 +173,10 @@ def eval_without_eval_mode(facts: Facts) -> Iterator[Hit]:
     they are given in eval() themselves, one that does not is reported. A loop shared by both
     passes, whose backward and step run only under a test of one parameter
     (`run_epoch(..., train=False)`, `phase="val"`), is evaluation at the sites that pass the
-    value that skips them. A module with no layer that reads the mode, run on another
-    module's outputs (a loss written as an `nn.Module`: `criterion(model(x), y)`), has
-    nothing to switch and is not reported.
+    value that skips them. A module with no layer that reads the mode (as built here, or by
+    the caller that hands it over: `nn.Upsample(...)`, a loss class around `nn.MSELoss`),
+    run on another module's outputs (`criterion(model(x), y)`), has nothing to switch and
+    is not reported.
 
     ## Why it is wrong
     In training mode dropout keeps dropping units and batch-norm normalises with the current
@@ -218,7 +219,7 @@ def eval_without_eval_mode(facts: Facts) -> Iterator[Hit]:
         # built in training mode.
         if not modes or any(fact.mode not in ("train", "default") for fact in modes):
             continue
-        if not mode_sensitive(facts, call.func) and _applied_to_outputs(facts, call, key):
+        if _mode_free(facts, call, modes) and _applied_to_outputs(facts, call, key):
             continue  # a mode-free loss or metric module run on the model's outputs
         edits = [insert_line_before(facts, context, f"{key}.eval()")]  # type: ignore[arg-type]
         if any(
@@ -235,6 +236,22 @@ def eval_without_eval_mode(facts: Facts) -> Iterator[Hit]:
             fix,
         )
     yield from _flag_evaluations(facts)
+
+
+def _mode_free(facts: Facts, call: ast.Call, modes: frozenset) -> bool:
+    """No layer of the module `call` runs reads the mode: known from its binding here, or,
+    for a module handed to this helper, from the construction its mode facts point to
+    (`criterion = JointsMSELoss()` in the caller)."""
+    if not mode_sensitive(facts, call.func):
+        return True
+    built = [fact.setter for fact in modes]
+    return bool(built) and all(
+        isinstance(setter, ast.Call)
+        and setter in facts.parents
+        and facts.method_name(setter) not in ("train", "eval")
+        and not built_mode_sensitive(facts, setter)
+        for setter in built
+    )
 
 
 def _applied_to_outputs(facts: Facts, call: ast.Call, key: str) -> bool:
