@@ -718,7 +718,9 @@ def checkpoint_missing_training_state(facts: Facts) -> Iterator[Hit]:
     (directly, or through a save wrapper it is handed to) that holds the model's
     `state_dict()` but not the optimizer's — nor the scheduler's or the GradScaler's when the
     script has them. Plain SGD without momentum keeps no state and is not reported for the
-    optimizer, and neither is one export written once after the training loop has ended.
+    optimizer, and neither is one export written once after the training loop has ended,
+    nor an object rebuilt on every pass of the loop the save sits in (a fresh optimizer per
+    epoch), whose state never outlives the pass.
 
     ## Why it is wrong
     Resuming from such a checkpoint restarts Adam's moment estimates (or SGD's momentum) from
@@ -743,8 +745,16 @@ def checkpoint_missing_training_state(facts: Facts) -> Iterator[Hit]:
             continue  # one export once training is over: nothing resumes from it
         # Only objects built where this save can see them: its own function or module level.
         visible = (facts.scope(call), facts.tree)
+        # An object rebuilt on every pass of a loop around the save (an optimizer made anew
+        # each epoch, after re-clustering) has no state that outlives the pass to resume.
+        around = facts.enclosing_loops(call)
         local = {
-            kind: [(c, d) for c, d in found if facts.scope(c) in visible]
+            kind: [
+                (c, d)
+                for c, d in found
+                if facts.scope(c) in visible
+                and not any(facts.is_inside(c, loop) for loop in around)
+            ]
             for kind, found in constructed.items()
         }
         needed = {
