@@ -138,7 +138,9 @@ def batch_not_moved_to_device(facts: Facts) -> Iterator[Hit]:
     reported: the lengths given to `pack_padded_sequence`, or an input the model's `forward`
     only uses as such. Nor is a batch given to `nn.DataParallel` or to
     `DistributedDataParallel(..., device_ids=[gpu])`: their forward copies it to the device,
-    nor one from a loader whose in-file `collate_fn` returns every tensor already moved.
+    nor one from a loader whose in-file `collate_fn` returns every tensor already moved, nor
+    one from detectron2's `build_detection_*_loader` (a list of per-image dicts, which the
+    detection model moves itself).
 
     ## Why it is wrong
     On a GPU this fails at the first batch ("Expected all tensors to be on the same device"),
@@ -165,7 +167,7 @@ def batch_not_moved_to_device(facts: Facts) -> Iterator[Hit]:
             for name in ast.walk(loop.target)  # type: ignore[attr-defined]
             if isinstance(name, ast.Name)
         }
-        if not targets or _collated_onto_device(facts, loop):
+        if not targets or _collated_onto_device(facts, loop) or _dict_list_batches(facts, loop):
             continue
         reported: set[str] = set()
         for call in facts.calls_in(loop):
@@ -215,6 +217,47 @@ def _same_object_in_sight(
         if passed not in moved or facts.scope(moved[passed]) not in (
             facts.scope(argument),
             facts.tree,
+        ):
+            return False
+    return True
+
+
+# Loader factories whose batches are lists of per-image dicts: no `.to()` applies to such a
+# batch, the models that take them (detectron2's meta-architectures) move each tensor.
+DICT_LIST_LOADERS = ("detectron2.data.build_detection_",)
+
+
+def _dict_list_batches(facts: Facts, loop: ast.AST) -> bool:
+    """Every loader the loop iterates (one, or each of a `zip(...)`) is built by a factory of
+    `DICT_LIST_LOADERS`, told from its binding or, for a parameter, every call site."""
+    if not isinstance(loop, (ast.For, ast.AsyncFor)):
+        return False
+    iterable: ast.expr | None = loop.iter
+    while isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Name):
+        if iterable.func.id in ("enumerate", "iter", "tqdm") and iterable.args:
+            iterable = iterable.args[0]
+        else:
+            break
+    sources: list[ast.expr] = [iterable] if iterable is not None else []
+    if isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Name):
+        if iterable.func.id == "zip":
+            sources = [
+                a
+                for a in iterable.args
+                if not (
+                    isinstance(a, ast.Call)
+                    and isinstance(a.func, ast.Name)
+                    and a.func.id == "range"
+                )
+            ]
+    if not sources:
+        return False
+    for source in sources:
+        loaders = _bound_values(facts, source)
+        if not loaders or not all(
+            isinstance(loader, ast.Call)
+            and (facts.call_qualname(loader) or "").startswith(DICT_LIST_LOADERS)
+            for loader in loaders
         ):
             return False
     return True
