@@ -501,11 +501,13 @@ class ValueQueries:
                 if self._grad_free_callee(node):
                     continue  # `tuner.tune(pred)` under `@torch.no_grad()`: returns no graph
                 func = node.func
+                cut: set[int] = set()
                 if self.is_forward_call(node):
                     found.add(node)
+                    cut = self._detached_inputs(node)
                 elif isinstance(func, ast.Attribute):
                     todo.append(func.value)  # `out.pow(2)`: the receiver is a graph tensor
-                todo.extend(node.args)
+                todo.extend(a for i, a in enumerate(node.args) if i not in cut)
                 todo.extend(keyword.value for keyword in node.keywords)
                 continue
             if isinstance(node, ast.Name):
@@ -532,6 +534,33 @@ class ValueQueries:
             todo.extend(ast.iter_child_nodes(node))
         return found
 
+    def _detached_inputs(self, call: ast.Call) -> set[int]:
+        """Positions of the arguments that the forward of the project module `call` runs
+        only ever reads detached (`y_target.detach()`, `y_target.data`): the module's output
+        carries no graph from them (a self-training loss taking pseudo-labels from a tensor)."""
+        instance = self._module_instance(call)
+        if instance is None or any(isinstance(a, ast.Starred) for a in call.args):
+            return set()
+        owner, info, _ = instance
+        forward = info.methods.get("forward")
+        if forward is None:
+            return set()
+        params = [a.arg for a in [*forward.args.posonlyargs, *forward.args.args]][1:]
+        cut: set[int] = set()
+        for position, name in enumerate(params[: len(call.args)]):
+            uses = [
+                n
+                for n in owner.walk_local(forward)
+                if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+            ]
+            rebound = any(
+                isinstance(n, ast.Name) and n.id == name and not isinstance(n.ctx, ast.Load)
+                for n in owner.walk_local(forward)
+            )
+            if uses and not rebound and all(_read_detached(owner, use) for use in uses):
+                cut.add(position)
+        return cut
+
     def _grad_free_callee(self, call: ast.Call) -> bool:
         """`call` runs a project function decorated with `@torch.no_grad()` (or
         `inference_mode`): whatever it returns was computed without a graph."""
@@ -550,6 +579,17 @@ class ValueQueries:
         if not isinstance(func, (ast.Name, ast.Attribute)) or not self.is_kind(func, "model"):
             return False
         return not self.constructs_module(call)
+
+
+def _read_detached(facts: Facts, use: ast.Name) -> bool:
+    """`use` is read as `use.detach()` or `use.data`: what is computed from it has no graph."""
+    parent = facts.parents.get(use)
+    if not isinstance(parent, ast.Attribute) or parent.value is not use:
+        return False
+    if parent.attr == "data":
+        return True
+    call = facts.parents.get(parent)
+    return parent.attr == "detach" and isinstance(call, ast.Call) and call.func is parent
 
 
 def _in_branch(origins: list[Origin], branch: ast.AST) -> list[Origin]:

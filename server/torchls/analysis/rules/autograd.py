@@ -82,7 +82,8 @@ def backward_twice(facts: Facts) -> Iterator[Hit]:
     exclusive paths (an `if`/`else`, or a branch that ends with `continue`/`break`/`return`)
     are not paired, and building or moving a module is not a forward pass. What a project
     function under `@torch.no_grad()` returns carries no graph (a statistic of the first
-    forward's output fed to the next step, say).
+    forward's output fed to the next step, say), nor does an input that a project module's
+    `forward` only reads detached (a self-training loss taking pseudo-labels from it).
 
     ## Why it is wrong
     `backward()` frees the graph's saved tensors. The second call raises "Trying to backward
