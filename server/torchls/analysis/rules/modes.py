@@ -261,12 +261,16 @@ def _applied_to_outputs(facts: Facts, call: ast.Call, key: str) -> bool:
     for argument in [*call.args, *(k.value for k in call.keywords)]:
         for origin in facts.origins(argument):
             for node in (origin.node, *origin.via):
-                if (
-                    isinstance(node, ast.Call)
-                    and node in facts.parents  # a node of this file
-                    and facts.is_forward_call(node)
-                    and facts.key(node.func) != key
-                ):
+                if not isinstance(node, ast.Call) or node not in facts.parents:
+                    continue  # only calls of this file
+                module = node.func
+                if facts.method_name(node) == "forward":
+                    module = facts.receiver(node)  # `model.forward(x)`
+                    if not facts.is_kind(module, "model"):
+                        continue
+                elif not facts.is_forward_call(node):
+                    continue
+                if facts.key(module) != key:
                     return True
     return False
 
