@@ -436,10 +436,15 @@ def sampler_without_set_epoch(facts: Facts) -> Iterator[Hit]:
     known = {key for item in found if item for key in (item[1], f"{item[3]}.sampler") if key}
     known |= {f"{alias}.sampler" for keys in aliases.values() for alias in keys}
     told = {facts.key(facts.receiver(c)) for c in _set_epoch_calls(facts)}
+    # Samplers this pass settles (reported, or cleared for a reason); one it could not follow
+    # to an epoch loop (its loader goes on through a constructor or a factory) is left to the
+    # pass that follows loaders through values.
+    settled: set[ast.Call] = set()
     for item in found:
         if item is None:
             continue
         sampler, sampler_key, assignment, loader_key, loader = item
+        settled.add(sampler)
         if not _shuffles(facts, sampler):
             continue
         if re.search(r"val|test|eval|dev", f"{sampler_key or ''} {loader_key}".lower()):
@@ -456,7 +461,10 @@ def sampler_without_set_epoch(facts: Facts) -> Iterator[Hit]:
             if epoch_loop is not None:
                 loader_key = key
                 break
-        if epoch_loop is None or facts.is_inside(sampler, epoch_loop):
+        if epoch_loop is None:
+            settled.discard(sampler)
+            continue
+        if facts.is_inside(sampler, epoch_loop):
             continue
         yield Hit(
             sampler,
@@ -468,8 +476,7 @@ def sampler_without_set_epoch(facts: Facts) -> Iterator[Hit]:
             else _insert_set_epoch(facts, epoch_loop, sampler_key, assignment, loader_key, scope),
         )
     if not told:
-        reported = {item[0] for item in found if item}
-        yield from _loaders_reached_through_values(facts, reported)
+        yield from _loaders_reached_through_values(facts, settled)
 
 
 def _loaders_reached_through_values(facts: Facts, reported: set[ast.Call]) -> Iterator[Hit]:
