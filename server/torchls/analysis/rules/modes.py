@@ -758,6 +758,41 @@ def _overlap(first: set[str], second: set[str]) -> bool:
     )
 
 
+def _arm_that_never_clears(facts: Facts, loop: ast.AST, step: ast.Call) -> ast.If | None:
+    """The `if` inside `loop` one of whose arms holds `step` and no clearing of gradients,
+    while every clearing in the loop (a `zero_grad()`, a helper that clears, `p.grad = None`)
+    sits in its other arm: whenever the step's arm runs, the gradients of earlier iterations
+    are still there (`if not use_amp: zero_grad, backward, step / else: scaler.step`)."""
+    clearings = [
+        node
+        for node in ast.walk(loop)
+        if facts.clears_gradients(node)
+        or (
+            isinstance(node, ast.Call)
+            and (
+                facts.is_zero_grad(node)
+                or facts.reaches(node, lambda c: facts.is_zero_grad(c) or facts.clears_gradients(c))
+            )
+        )
+    ]
+    if not clearings:
+        return None
+    current = facts.parents.get(step)
+    while current is not None and current is not loop:
+        if isinstance(current, ast.If) and current.orelse:
+            arms = (current.body, current.orelse)
+            mine = next(
+                (arm for arm in arms if any(facts.is_inside(step, stmt) for stmt in arm)), None
+            )
+            other = arms[1] if mine is arms[0] else arms[0]
+            if mine is not None and all(
+                any(facts.is_inside(node, stmt) for stmt in other) for node in clearings
+            ):
+                return current
+        current = facts.parents.get(current)
+    return None
+
+
 def _clears_grads_in(facts: Facts, loop: ast.AST) -> bool:
     def predicate(call: ast.Call) -> bool:
         return facts.is_zero_grad(call) or facts.clears_gradients(call)
@@ -784,7 +819,8 @@ def missing_zero_grad(facts: Facts) -> Iterator[Hit]:
     gradients per context, not in `.grad`, and is not reported. With two optimizers in one
     loop (a GAN), an optimizer whose parameters no `zero_grad()` there clears is reported
     too, when every clearing in the loop names a known optimizer or model; when the loop
-    clears nothing at all, each optimizer it steps is reported once. Files that train
+    clears nothing at all, each optimizer it steps is reported once; a step in one arm of an
+    `if` whose other arm holds every clearing of the loop is reported too. Files that train
     with another framework and never import torch (MXNet's Gluon) are not checked, nor are
     optimizers handed to an Opacus privacy engine (its step rebuilds `.grad` itself).
 
@@ -821,7 +857,17 @@ def missing_zero_grad(facts: Facts) -> Iterator[Hit]:
         if seen in reported or not facts.node_reaches(loop, facts.accumulates_grad):
             continue
         if _clears_grads_in(facts, loop):
-            if id(step) in _uncleared_steps(facts, loop):
+            branch = _arm_that_never_clears(facts, loop, step)
+            if branch is not None:
+                optimizer_text = facts.source.segment(optimizer)
+                yield Hit(
+                    step,
+                    f"`{optimizer_text}` is stepped in an arm of the `if` on line "
+                    f"{branch.lineno} that never clears gradients (only the other arm does); "
+                    "whenever this arm runs they accumulate across iterations",
+                    None,
+                )
+            elif id(step) in _uncleared_steps(facts, loop):
                 # Two optimizers in one loop, and only the other one's gradients are cleared.
                 optimizer_text = facts.source.segment(optimizer)
                 yield Hit(
