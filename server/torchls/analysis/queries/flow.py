@@ -330,12 +330,37 @@ class FlowQueries:
         for loop in self.loops:
             if not isinstance(loop, (ast.For, ast.AsyncFor)):
                 continue
-            iterable = _unwrap_iterable(loop.iter)
+            iterable = self.loop_source(loop)
             kind = self.kind_of(iterable) if iterable is not None else None
             name = self.key(iterable) or ""
             if (kind is not None and kind.kind == "loader") or LOADER_NAME_RE.search(name):
                 found[loop] = loader_role(name)
         return found
+
+    def loop_source(self, loop: ast.For | ast.AsyncFor) -> ast.expr | None:
+        """What a `for` loop iterates under its wrappers: `enumerate(tqdm(loader))` →
+        `loader`, and through a local name bound once to such a wrapper before the loop
+        (`pbar = tqdm(iter(loader)); for i, b in enumerate(pbar)` → `loader`)."""
+        iterable = _unwrap_iterable(loop.iter)
+        for _ in range(3):
+            if not isinstance(iterable, ast.Name):
+                break
+            kind = self.kind_of(iterable)
+            if kind is not None and kind.kind == "loader":
+                break
+            assignment = self.reaching_assignment(iterable)
+            if (
+                assignment is None
+                or assignment.index is not None
+                or assignment.loop is not None
+                or not isinstance(assignment.value, ast.Call)
+            ):
+                break
+            inner = _unwrap_iterable(assignment.value)
+            if inner is None or inner is assignment.value:
+                break  # not a wrapper (`tqdm(...)`, `iter(...)`, `enumerate(...)`) of a value
+            iterable = inner
+        return iterable
 
     @cached_property
     def epoch_loops(self) -> list[ast.AST]:
