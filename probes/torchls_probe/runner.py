@@ -409,6 +409,9 @@ def _exception(
     info["traceback"] = [
         {"filename": f.filename, "line": f.lineno, "function": f.name} for f in kept[-20:]
     ]
+    if isinstance(error, ModuleNotFoundError):
+        # Where the import looked (the host tells from it whether the sandbox hid the module).
+        info["search_path"] = [os.path.abspath(entry or ".") for entry in sys.path[:64]]
     return info
 
 

@@ -246,7 +246,8 @@ def test_a_module_above_the_project_that_the_sandbox_hides_names_the_root_option
     """`sys.path.append("..")` and a module beside the script's folder (an `example/` folder
     next to the package, say): the file exists, but above the project the run sees, under
     /tmp that the sandbox hides. The finding says so and names --root; with it the run works.
-    A module that exists nowhere stays the user's own error."""
+    A module that exists nowhere, or above the script in a folder the script never put on its
+    search path, stays the user's own error."""
     repository = tmp_path / "repository"
     example = repository / "example"
     example.mkdir(parents=True)
@@ -271,3 +272,8 @@ def test_a_module_above_the_project_that_the_sandbox_hides_names_the_root_option
     own = run_repro(example / "nowhere.py", _options(cwd=str(example)))
     assert own.data["exception"]["type"] == "ModuleNotFoundError"
     assert "sandbox_cause" not in own.data["exception"]
+    # Above the script but never put on the search path: a plain run fails the same way.
+    (example / "unlisted.py").write_text("import helpers_above\n")
+    unlisted = run_repro(example / "unlisted.py", _options(cwd=str(example)))
+    assert unlisted.data["exception"]["type"] == "ModuleNotFoundError"
+    assert "sandbox_cause" not in unlisted.data["exception"], unlisted.data["exception"]

@@ -48,7 +48,11 @@ def explain(report: ReproReport, prepared: Prepared, project: ProjectView) -> No
     if not isinstance(exception, dict):
         return
     text = f"{exception.get('type', '')}: {exception.get('message', '')}"
-    cause = _cause(text, str(exception.get("type", "")), prepared, project)
+    kind = str(exception.get("type", ""))
+    if kind == "ModuleNotFoundError":
+        cause = _hidden_module(text, exception.get("search_path"), prepared, project)
+    else:
+        cause = _cause(text, kind, prepared, project)
     if cause is None:
         return
     kind, sentence = cause
@@ -73,8 +77,6 @@ def _cause(
             "allow it, never for code you do not trust; datasets and weights already in "
             "~/.cache/torch or ~/.cache/huggingface are visible",
         )
-    if kind == "ModuleNotFoundError":
-        return _hidden_module(text, prepared, project)
     if path is not None and any(marker in text for marker in _MISSING):
         return _missing(path, prepared, project)
     return None
@@ -125,18 +127,25 @@ def _missing(path: str, prepared: Prepared, project: ProjectView) -> tuple[str, 
     return None
 
 
-def _hidden_module(text: str, prepared: Prepared, project: ProjectView) -> tuple[str, str] | None:
-    """A module the script imports from a folder above the project (`sys.path.append("..")`,
-    a package beside the script's folder) that the sandbox hides: it exists on the host, in a
-    folder above the script, under a home folder or /tmp, and outside what the run sees."""
+def _hidden_module(
+    text: str, search_path: object, prepared: Prepared, project: ProjectView
+) -> tuple[str, str] | None:
+    """A module the script imports from a folder above the project (`sys.path.append("..")`)
+    that the sandbox hides: the folder is on the run's module search path (as the run wrote
+    it in the report: only compared, never opened), the module is in it on the host, under a
+    home folder or /tmp, and outside what the run sees. A folder the script never put on its
+    path would fail a plain run too: the error is then the script's own."""
     from torchls.probe.prepare import unfit_folder
 
     match = _NO_MODULE.search(text)
-    if match is None:
+    if match is None or not isinstance(search_path, list):
         return None
+    searched = {os.path.normpath(entry) for entry in search_path[:64] if isinstance(entry, str)}
     parts = match.group(1).split(".")
     start = prepared.file.parent
     for folder in (start, *start.parents):
+        if str(folder) not in searched:
+            continue
         candidate = folder.joinpath(*parts)
         found = next(
             (p for p in (candidate.parent / f"{parts[-1]}.py", candidate) if p.exists()), None
