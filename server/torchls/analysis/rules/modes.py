@@ -1098,6 +1098,13 @@ def _holds_graph(
     holding one, a call of a helper returning one, or such an element of a dict, tuple or
     list display (`{"loss": loss}`, `(step, loss)`); None for Python numbers and detached
     values."""
+    parts = _dict_parts(facts, value)
+    if parts and any(
+        not isinstance(part, (ast.Dict, ast.Tuple, ast.List, ast.Subscript))
+        and _holds_graph(facts, part, loss_names, containers, project_calls) is not None
+        for part in parts
+    ):
+        return value  # an item of a dict of loss parts: `parts["box"]`, `for k, v in parts.items()`
     if isinstance(value, ast.Name):
         if value.id in loss_names or _live_container(facts, value, containers):
             return value
@@ -1106,6 +1113,10 @@ def _holds_graph(
         for side in (value.left, value.right):
             if isinstance(side, ast.Name) and side.id in loss_names:
                 return side
+            if isinstance(side, (ast.Name, ast.Subscript)) and _dict_parts(facts, side):
+                held = _holds_graph(facts, side, loss_names, containers, project_calls)
+                if held is not None:
+                    return held
     if _returns_graph(facts, value, project_calls):
         return value
     elements: list[ast.expr] = []
@@ -1121,6 +1132,81 @@ def _holds_graph(
         if held is not None:
             return held
     return None
+
+
+def _dict_display(facts: Facts, expr: ast.expr) -> ast.Dict | None:
+    """The dict display a plain local name is bound to (`parts = {"box": box, "cls": cls}`)."""
+    if not isinstance(expr, ast.Name):
+        return None
+    value = facts.binding_value(expr)
+    return value if isinstance(value, ast.Dict) else None
+
+
+def _dict_iteration(facts: Facts, name: ast.Name) -> tuple[ast.Dict, str] | None:
+    """(display, role) when `name` is a target of a loop over a dict display's `items()`
+    (role "key" or "value"), `values()` ("value") or `keys()` / the dict itself ("key")."""
+    assignment = facts.reaching_assignment(name)
+    loop = assignment.loop if assignment is not None else None
+    if loop is None:
+        return None
+    source, method = loop.iter, None
+    if isinstance(source, ast.Call) and isinstance(source.func, ast.Attribute) and not source.args:
+        source, method = source.func.value, source.func.attr
+    display = _dict_display(facts, source)  # type: ignore[arg-type]
+    if display is None:
+        return None
+    target = loop.target
+    if method == "items":
+        if (
+            isinstance(target, ast.Tuple)
+            and len(target.elts) == 2
+            and all(isinstance(e, ast.Name) for e in target.elts)
+        ):
+            if target.elts[1].id == name.id:  # type: ignore[attr-defined]
+                return display, "value"
+            if target.elts[0].id == name.id:  # type: ignore[attr-defined]
+                return display, "key"
+        return None
+    if isinstance(target, ast.Name) and target.id == name.id:
+        if method == "values":
+            return display, "value"
+        if method in (None, "keys"):
+            return display, "key"
+    return None
+
+
+def _dict_parts(facts: Facts, value: ast.expr) -> list[ast.expr] | None:
+    """The values of a dict display of loss parts that `value` reads: `parts["box"]` (the
+    item under that key), `parts[k]` (any item), or the value target of a loop over
+    `parts.items()` / `parts.values()` (any item)."""
+    if isinstance(value, ast.Subscript):
+        display = _dict_display(facts, value.value)
+        if display is None:
+            return None
+        if isinstance(value.slice, ast.Constant):
+            return [
+                item
+                for key, item in zip(display.keys, display.values, strict=True)
+                if isinstance(key, ast.Constant) and key.value == value.slice.value
+            ]
+        return [
+            item for key, item in zip(display.keys, display.values, strict=True) if key is not None
+        ]
+    if isinstance(value, ast.Name):
+        found = _dict_iteration(facts, value)
+        if found is not None and found[1] == "value":
+            return [
+                item
+                for key, item in zip(found[0].keys, found[0].values, strict=True)
+                if key is not None
+            ]
+    return None
+
+
+def _fixed_key(facts: Facts, key: ast.expr) -> bool:
+    """`key` walks the keys of a dict display (`for name, value in parts.items():
+    latest[name] = value`): the same few slots, overwritten every step."""
+    return isinstance(key, ast.Name) and (_dict_iteration(facts, key) or (None, ""))[1] == "key"
 
 
 def _feeds_backward(facts: Facts, scope: ast.AST, accumulator: str) -> bool:
@@ -1202,14 +1288,16 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
     `losses.append(loss)`, `total += loss`, `history[step] = loss`, `totals["ce"] += ce`,
     without `.item()`, `.detach()` or `float(...)`; also through containers: a dict or tuple
     holding the loss appended to a list (`history.append({"loss": loss})`), a step's output
-    dict whose `output["loss"]` is backward()-ed kept in a list, and the loss a project helper
-    (`train_step`, in this file or another) returns after backward()-ing it.
+    dict whose `output["loss"]` is backward()-ed kept in a list, the loss a project helper
+    (`train_step`, in this file or another) returns after backward()-ing it, and the items
+    of a dict of loss parts (`for name, part in parts.items(): totals[name] += part`).
 
     ## Why it is wrong
     Each stored loss keeps its whole computation graph, activations included, alive. Memory
     grows every iteration until the run dies with an out-of-memory error hours in. Summing
     losses that are backward()-ed together afterwards is intended and is not reported, nor is
-    a slot under a constant key (`latest["d"] = d_loss`) that every step overwrites.
+    a slot under a constant key (`latest["d"] = d_loss`, or `latest[name] = part` over a dict's
+    keys) that every step overwrites.
 
     ## Example
     ```python
@@ -1249,6 +1337,8 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
             if found is None:
                 continue
             accumulator, value, how = found
+            if how == "[]=" and _fixed_key(facts, node.targets[0].slice):  # type: ignore[attr-defined]
+                continue
             loss = _holds_graph(facts, value, loss_names, containers, project_calls)
             loops = facts.enclosing_loops(node)
             if loss is None or not loops or facts.in_no_grad(node):
@@ -1266,8 +1356,10 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
                     continue
             if isinstance(loss, ast.Call):
                 label = f"{facts.source.segment(loss.func)}(...)"
+            elif isinstance(loss, ast.Name):
+                label = loss.id
             else:
-                label = loss.id  # type: ignore[attr-defined]
+                label = facts.source.segment(loss)
             if isinstance(loss, ast.Name) and loss.id in containers:
                 # A container (a step's output dict): `.item()` on it is no fix.
                 yield Hit(
@@ -1278,7 +1370,10 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
                 )
                 continue
             fix = None
-            if how in ("append", "+=") and value is loss:
+            from_parts = not isinstance(loss, ast.Call) and not (
+                isinstance(loss, ast.Name) and loss.id in loss_names
+            )
+            if how in ("append", "+=") and value is loss and not from_parts:
                 applicability = (
                     "unsafe"
                     if _used_as_tensor_later(facts, scope, accumulator, node.lineno)
