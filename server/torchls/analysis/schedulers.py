@@ -18,12 +18,19 @@ if TYPE_CHECKING:
 
 
 def scheduler_constructors(facts: Facts, expr: ast.AST | None, depth: int = 0) -> list[ast.Call]:
-    """Every scheduler constructor call `expr` may hold (all its bindings), or [] when any
-    binding is unknown (a parameter, a factory, a loop target)."""
+    """Every scheduler constructor call `expr` may hold (all its bindings; for a parameter,
+    the arguments of its in-file call sites), or [] when any binding is unknown (a parameter
+    no call here passes, a factory, a loop target)."""
     if expr is None or depth > 4:
         return []
     values: list[ast.expr] = []
-    if isinstance(expr, ast.Name):
+    if isinstance(expr, ast.Name) and facts.parameter_of(expr) is not None:
+        # A parameter: what every in-file call site passes for it (`train(..., scheduler)`).
+        arguments = facts.parameter_arguments(expr)
+        if not arguments:
+            return []
+        values = list(arguments)
+    elif isinstance(expr, ast.Name):
         scope = facts.scope(expr)
         assignments = facts.assignments_of(expr.id, scope)  # type: ignore[arg-type]
         if not assignments and scope is not facts.tree:

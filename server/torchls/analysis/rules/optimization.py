@@ -350,7 +350,8 @@ def epoch_scheduler_stepped_per_batch(facts: Facts) -> Iterator[Hit]:
     batch loop; or a per-batch schedule (`OneCycleLR` sized with `steps_per_epoch` or a step
     count, `CyclicLR`) stepped once per epoch. Warmup `LambdaLR`s, HF schedules and any
     schedule sized in steps (`T_max=epochs * len(loader)`) are per-batch by design and are not
-    reported; when the unit of the schedule cannot be told, nothing is reported.
+    reported; when the unit of the schedule cannot be told, nothing is reported. A scheduler
+    that a training function receives as a parameter is the one its in-file callers pass.
 
     ## Why it is wrong
     A schedule's length is counted in calls to `step()`. A `StepLR(step_size=30)` meant as
