@@ -68,6 +68,9 @@ class ModeAnalysis:
     facts: Facts
     # model-call node -> modes its receiver may be in; `None` key order is irrelevant.
     at_call: dict[ast.Call, frozenset[ModeFact]] = field(default_factory=dict)
+    # call handing a tracked object to a function (`loss_fn(model, x)`) -> that argument's
+    # key -> the modes it may be in there.
+    at_site: dict[ast.Call, dict[str, frozenset[ModeFact]]] = field(default_factory=dict)
     entry: dict[ast.AST, State] = field(default_factory=dict)
     _effects: dict[ast.AST, State] = field(default_factory=dict)
     _effect_stack: set[ast.AST] = field(default_factory=set)
@@ -76,6 +79,10 @@ class ModeAnalysis:
     _relevant: dict[ast.AST, list[ast.Call]] = field(default_factory=dict)
     _relevance: dict[ast.Call, bool] = field(default_factory=dict)
     _possible_keys: set[str] = field(default_factory=set)
+    # Receivers of train()/eval() calls: a call handing one over is recorded in `at_site`.
+    _switched_keys: set[str] = field(default_factory=set)
+    # Calls relevant only because they hand such a receiver over: nothing else is asked.
+    _passing_only: set[ast.Call] = field(default_factory=set)
     _loop_depth: int = 0
     # Statements with a relevant call somewhere inside (their own function only); None until
     # the first question, then filled by one pass over the file's calls.
@@ -102,6 +109,11 @@ class ModeAnalysis:
         functions = _relevant_functions(facts)
         self._interpreted = {facts.tree, *functions}
         self._possible_keys = _possible_keys(facts)
+        self._switched_keys = {
+            key
+            for call in facts.method_calls("eval", "train")
+            if (key := facts.key(facts.same_object(facts.receiver(call)))) is not None
+        }
         self._builds_model = _statements_building_models(facts)
         self._helpers_own_modes = _helpers_own_modes(facts)
         self._saves_mode = _statements_saving_modes(facts)
@@ -121,6 +133,7 @@ class ModeAnalysis:
             entry = {**self._root_entry(function), **entry}
             for call in facts.calls_in(function):
                 self.at_call.pop(call, None)
+                self.at_site.pop(call, None)
             self._interpret(function.body, entry)
 
     def _leaves(self, loop: ast.For | ast.AsyncFor) -> bool:
@@ -362,6 +375,10 @@ class ModeAnalysis:
                 or facts.called_function(call) is not None
                 or self._is_model_call(call)
             )
+            if not found and any(facts.key(a) in self._switched_keys for a in call.args):
+                # `loss_fn(model, x)` for a function out of sight: only its site is recorded.
+                found = True
+                self._passing_only.add(call)
             self._relevance[call] = found
         return found
 
@@ -382,6 +399,9 @@ class ModeAnalysis:
         return info
 
     def _call(self, call: ast.Call, state: State) -> State:
+        if call in self._passing_only:
+            self._note_site(call, state)
+            return state
         method, receiver_key, called_key, is_model, function = self._describe(call)
         if method in ("train", "eval") and receiver_key is not None and not call.keywords:
             mode = "train"
@@ -407,9 +427,19 @@ class ModeAnalysis:
         if (called_key is not None and called_key in state) or is_model:
             key = called_key or ""
             self.at_call[call] = self.at_call.get(call, frozenset()) | state.get(key, UNKNOWN)
+        if not is_model:
+            self._note_site(call, state)
         if function is not None:
             state = self._apply_helper(call, function, state)
         return state
+
+    def _note_site(self, call: ast.Call, state: State) -> None:
+        """Record the modes of the tracked objects `call` hands over as arguments."""
+        for argument in call.args:
+            key = self.facts.key(argument)
+            if key is not None and key in state:
+                site = self.at_site.setdefault(call, {})
+                site[key] = site.get(key, frozenset()) | state[key]
 
     def _is_model_call(self, call: ast.Call) -> bool:
         if not isinstance(call.func, (ast.Name, ast.Attribute)):
@@ -524,6 +554,7 @@ class ModeAnalysis:
             return {}
         self._effect_stack.add(function)
         saved_calls = dict(self.at_call)
+        saved_sites = {call: dict(site) for call, site in self.at_site.items()}
         saved_pending = self._pending_entries
         self._pending_entries = {}
         sentinel = frozenset({ModeFact("unchanged", None)})
@@ -535,6 +566,7 @@ class ModeAnalysis:
         start: State = {key: sentinel for key in keys if key}
         end = self._interpret(function.body, dict(start))
         self.at_call = saved_calls
+        self.at_site = saved_sites
         self._pending_entries = saved_pending
         self._effect_stack.discard(function)
         effect = {key: facts_ for key, facts_ in end.items() if facts_ != sentinel}

@@ -449,7 +449,8 @@ def train_mode_not_restored(facts: Facts) -> Iterator[Hit]:
     `self.hook = Hook(self)` switching `self.trainer.model`) runs inside the epoch loop, while
     `model.train()` is called only before the loop: from the second epoch on, the model trains
     in eval mode. A validation every N batches from inside the batch loop is reported the same
-    way. Models the
+    way, also when the training forward runs in a loss helper given the model
+    (`loss = loss_fn(model, x)` ... `loss.backward()`). Models the
     loop does not train (a frozen teacher no optimizer there steps, or only run under
     `no_grad`), models whose every layer ignores the mode (linear, convolution and activation
     layers only: eval() changes nothing for them) and helpers that restore the mode they
@@ -474,25 +475,20 @@ def train_mode_not_restored(facts: Facts) -> Iterator[Hit]:
     Call `model.train()` at the start of each epoch's training loop. The quick fix inserts it
     before the training loop; it is unsafe because it changes results.
     """
-    analysis = modes_of(facts)
     reported: set[int] = set()
-    for call, modes in analysis.at_call.items():
-        loops = [loop for loop in facts.enclosing_loops(call) if loop in facts.training_loops]
-        if not loops:
-            continue
+    for call, model, modes, loops in _uses_in_training_loops(facts):
         if not any(fact.mode == "eval" for fact in modes):
             continue
-        if not facts.trains_model(loops[0], call.func):
+        if not facts.trains_model(loops[0], model):
             continue  # a frozen teacher kept in eval() on purpose: this loop never trains it
-        if not mode_sensitive(facts, call.func):
+        if not mode_sensitive(facts, model):
             continue  # eval() changes nothing in a model without dropout or batch-norm
         direct = {fact.setter for fact in modes if not fact.back_edge}
         # A forward whose loss this loop backwards is meant to run in train mode: when it
         # may also see eval() left by an earlier step of the same loop (a validation every N
         # batches, in a helper), that eval() leaks into training even within one iteration.
-        leaks = _trains_forward(facts, loops[0], call) and any(
-            fact.mode in ("train", "default") for fact in modes
-        )
+        trains = model is not call.func or _trains_forward(facts, loops[0], call)
+        leaks = trains and any(fact.mode in ("train", "default") for fact in modes)
         for fact in modes:
             if fact.mode != "eval":
                 continue
@@ -506,7 +502,7 @@ def train_mode_not_restored(facts: Facts) -> Iterator[Hit]:
             if _mode_chosen_by_branch(facts, setter):
                 continue  # `if finetune: model.train() else: model.eval()`: eval on purpose
             reported.add(id(setter))
-            key = facts.key(call.func) or "model"
+            key = facts.key(model) or "model"
             # At the top of the training loop's body: before the loop is not enough when the
             # loop itself is the epoch loop (full-batch training).
             first = loops[0].body[0]  # type: ignore[attr-defined]
@@ -535,6 +531,83 @@ def train_mode_not_restored(facts: Facts) -> Iterator[Hit]:
                 f"`{key}.train()` is not called again before training (line {loops[0].lineno})",
                 fix,
             )
+
+
+def _uses_in_training_loops(
+    facts: Facts,
+) -> Iterator[tuple[ast.Call, ast.expr, frozenset, list]]:
+    """(call, model, modes the model may be in there, training loops around the call): each
+    model call in a training loop, and each call in one that hands a model to a project
+    function running it, whose result this loop backpropagates (`loss = loss_fn(model, x)`
+    ... `loss.backward()`): a training forward, one call away."""
+    analysis = modes_of(facts)
+    for call, modes in analysis.at_call.items():
+        loops = [loop for loop in facts.enclosing_loops(call) if loop in facts.training_loops]
+        if loops:
+            yield call, call.func, modes, loops
+    for site, held in analysis.at_site.items():
+        loops = [loop for loop in facts.enclosing_loops(site) if loop in facts.training_loops]
+        if not loops or site not in _backpropagated_calls(facts, loops[0]):
+            continue
+        for position, argument in enumerate(site.args):
+            key = facts.key(argument)
+            if key in held and _runs_argument(facts, site, position):
+                yield site, argument, held[key], loops  # type: ignore[index]
+
+
+def _backpropagated_calls(facts: Facts, loop: ast.AST) -> set[ast.Call]:
+    """Calls in `loop` whose value a backward() of the loop runs through, followed through
+    local assignments (every binding an `if` may choose) and the operands around them."""
+    cache = facts.__dict__.setdefault("_backpropagated_calls", {})
+    found = cache.get(loop)
+    if found is not None:
+        return found
+    found = cache[loop] = set()
+    todo: list[tuple[ast.AST, int]] = []
+    for backward in facts.calls_in(loop):
+        if facts.is_backward(backward):
+            subject = facts.receiver(backward) or (backward.args[0] if backward.args else None)
+            if subject is not None:
+                todo.append((subject, 0))
+    seen: set[int] = set()
+    while todo:
+        node, depth = todo.pop()
+        if id(node) in seen or depth > 4:
+            continue
+        seen.add(id(node))
+        for child in ast.walk(node):
+            if isinstance(child, ast.Call) and facts.is_inside(child, loop):
+                if facts.method_name(child) in ("detach", "item"):
+                    continue
+                found.add(child)
+            elif isinstance(child, ast.Name) and isinstance(child.ctx, ast.Load):
+                bindings = facts.binding_alternatives(child) or [facts.reaching_assignment(child)]
+                for binding in bindings:
+                    if binding is not None and binding.value is not None and binding.loop is None:
+                        if not facts.in_no_grad(binding.stmt):
+                            todo.append((binding.value, depth + 1))
+    return found
+
+
+def _runs_argument(facts: Facts, call: ast.Call, position: int) -> bool:
+    """The project function `call` runs (in this file or another) calls the parameter that
+    receives its positional argument `position` (`def loss_fn(model, x): model(x)`)."""
+    found = facts.callee(call)
+    if found is None or any(isinstance(a, ast.Starred) for a in call.args[: position + 1]):
+        return False
+    owner, function, bound = found
+    params = [a.arg for a in [*function.args.posonlyargs, *function.args.args]]
+    if bound:
+        params = params[1:]
+    if position >= len(params):
+        return False
+    name = params[position]
+    if any(
+        isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store)
+        for n in owner.walk_local(function)
+    ):
+        return False  # rebound inside: the call may run something else
+    return any(isinstance(c.func, ast.Name) and c.func.id == name for c in owner.calls_in(function))
 
 
 def _branch_test(facts: Facts, node: ast.AST, stop: ast.AST | None) -> tuple[ast.If, bool] | None:
