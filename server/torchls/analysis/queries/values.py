@@ -18,6 +18,7 @@ from torchls.analysis.queries.vocabulary import (
     DETACHING_METHODS,
     MAX_DEPTH,
     MAX_ORIGIN_STEPS,
+    PASS_THROUGH_FUNCTIONS,
     PASS_THROUGH_METHODS,
     RETURNS_RECEIVER,
     Assignment,
@@ -112,8 +113,16 @@ class ValueQueries:
         if isinstance(expr, ast.Call):
             method = self.method_name(expr)
             receiver = self.receiver(expr)
+            if (
+                expr.args
+                and not isinstance(expr.args[0], ast.Starred)
+                and (self.call_qualname(expr) or "") in PASS_THROUGH_FUNCTIONS
+            ):
+                return self.origins(expr.args[0], depth + 1, (*via, expr))  # `torch.squeeze(p)`
             if receiver is not None and (
-                method in PASS_THROUGH_METHODS or self.returns_receiver(expr)
+                method in PASS_THROUGH_METHODS
+                or (method == "type" and bool(expr.args or expr.keywords))  # a cast
+                or self.returns_receiver(expr)
             ):
                 return self.origins(receiver, depth + 1, (*via, expr))
             if isinstance(expr.func, ast.Name) and depth < MAX_DEPTH:

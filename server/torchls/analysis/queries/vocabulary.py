@@ -145,6 +145,26 @@ PASS_THROUGH_METHODS = {
     "view_as",
     "reshape_as",
 }
+# Functions that hand back their first argument's values, only reshaped, copied or cast:
+# `torch.squeeze(p)` is still the sigmoid output `p` was.
+PASS_THROUGH_FUNCTIONS = frozenset(
+    f"torch.{name}"
+    for name in (
+        "squeeze",
+        "unsqueeze",
+        "flatten",
+        "reshape",
+        "clone",
+        "permute",
+        "transpose",
+        "t",
+        "ravel",
+        "movedim",
+        "swapaxes",
+        "atleast_1d",
+        "atleast_2d",
+    )
+)
 
 
 @dataclass(frozen=True)
