@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from torchls.analysis.facts import LossCall, ObjectKind, parameter_default
 
 if TYPE_CHECKING:
-    from torchls.analysis.facts import Facts
+    from torchls.analysis.facts import ClassInfo, Facts
 
 FUNCTIONAL_LOSSES = {
     "cross_entropy": "CrossEntropyLoss",
@@ -118,6 +118,56 @@ def loss_kind_of_call(facts: Facts, call: ast.Call) -> tuple[str, ast.Call | Non
         # Fixes may edit the constructor only when it is in this file.
         same_file = isinstance(kind.node, ast.Call) and facts.owns(kind.node)
         return kind.detail, kind.node if same_file else None
+    if kind is not None and kind.kind in ("loss", "model") and not kind.by_name:
+        wrapped = _wrapped_loss(facts, call)
+        if wrapped is not None:
+            return wrapped, None
+    return None
+
+
+def _wrapped_loss(facts: Facts, call: ast.Call) -> str | None:
+    """The kind of loss a project loss module applies to its input: its `forward` hands its
+    first parameter, unchanged, as the input of losses of one known kind
+    (`def forward(self, inputs, targets): bce = F.binary_cross_entropy_with_logits(inputs,
+    targets, reduction="none")`, a focal loss). Only logits losses count: what they expect of
+    the input holds whatever the wrapper does with the loss values afterwards."""
+    instance = facts.module_instance(call)
+    if instance is None:
+        return None
+    owner, info, _ = instance
+    cache = owner.__dict__.setdefault("_wrapped_losses", {})
+    if info.node in cache:
+        return cache[info.node]
+    found = cache[info.node] = _forward_loss_of_input(owner, info)
+    return found
+
+
+def _forward_loss_of_input(owner: Facts, info: ClassInfo) -> str | None:
+    forward = info.methods.get("forward")
+    if forward is None:
+        return None
+    params = [a.arg for a in [*forward.args.posonlyargs, *forward.args.args]][1:]
+    if not params:
+        return None
+    name = params[0]
+    if any(
+        isinstance(n, ast.Name) and n.id == name and not isinstance(n.ctx, ast.Load)
+        for n in owner.walk_local(forward)
+    ):
+        return None  # rebound: the loss may see something else
+    kinds: set[str] = set()
+    for inner in owner.calls_in(forward):
+        if not any(isinstance(a, ast.Name) and a.id == name for a in inner.args):
+            continue
+        found = loss_kind_of_call(owner, inner)
+        if found is None:
+            continue
+        argument = _argument(inner, 0, "input")
+        if not (isinstance(argument, ast.Name) and argument.id == name):
+            return None  # the input is the loss's target, or goes in after a change
+        kinds.add(found[0])
+    if kinds == {"BCEWithLogitsLoss"}:
+        return "BCEWithLogitsLoss"
     return None
 
 

@@ -382,6 +382,11 @@ class ValueQueries:
         returns = owner._forward_returns(info, depth)
         return [(owner, r) for r in returns] if returns is not None else None
 
+    def module_instance(self, call: ast.Call) -> tuple[Facts, ClassInfo, ast.Call] | None:
+        """(file facts, class, constructor call) of the project module `call` runs, when its
+        construction is in sight (`criterion(x, y)` after `criterion = FocalLoss().cuda()`)."""
+        return self._module_instance(call)
+
     def _module_instance(
         self, call: ast.Call, bound: ast.expr | None = None
     ) -> tuple[Facts, ClassInfo, ast.Call] | None:

@@ -179,7 +179,9 @@ def sigmoid_before_bce_with_logits(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
     The input of `nn.BCEWithLogitsLoss` / `F.binary_cross_entropy_with_logits` is a sigmoid
-    output.
+    output, also after shape-only steps and casts (`torch.squeeze(p)`, `p.type(dtype)`), and
+    also for a project loss module whose `forward` hands its input unchanged to
+    `binary_cross_entropy_with_logits` (a focal loss).
 
     ## Why it is wrong
     The "with logits" losses apply the sigmoid themselves. A second sigmoid maps every
