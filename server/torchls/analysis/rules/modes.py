@@ -9,7 +9,6 @@ from torchls.analysis.facts import EVAL_FUNCTION_RE, Facts
 from torchls.analysis.findings import Fix
 from torchls.analysis.layers import built_mode_sensitive, mode_sensitive
 from torchls.analysis.modes import ModeAnalysis, analyse_modes
-from torchls.analysis.queries.vocabulary import _unwrap_iterable
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._edits import (
     delete_statement_line,
@@ -1310,7 +1309,7 @@ def _over_a_built_loader(facts: Facts, loop: ast.AST) -> bool:
     sounds like one, `minibatches`, may be a handful of per-domain batches of one step)."""
     if not isinstance(loop, (ast.For, ast.AsyncFor)):
         return False
-    iterable = _unwrap_iterable(loop.iter)
+    iterable = facts.loop_source(loop)
     kind = facts.kind_of(iterable) if iterable is not None else None
     return kind is not None and kind.kind == "loader" and not kind.by_name
 

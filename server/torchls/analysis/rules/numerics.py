@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from torchls.analysis.facts import Facts, Origin
 from torchls.analysis.findings import Fix, Span
 from torchls.analysis.queries.tensors import activation_input, activation_of
-from torchls.analysis.queries.vocabulary import _unwrap_iterable
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._edits import replace_node
 
@@ -238,6 +237,8 @@ def _dict_list_batches(facts: Facts, loop: ast.AST) -> bool:
             iterable = iterable.args[0]
         else:
             break
+    if isinstance(iterable, ast.Name):
+        iterable = facts.loop_source(loop) or iterable  # `bar = tqdm(loader); for b in bar`
     sources: list[ast.expr] = [iterable] if iterable is not None else []
     if isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Name):
         if iterable.func.id == "zip":
@@ -267,7 +268,7 @@ def _collated_onto_device(facts: Facts, loop: ast.AST) -> bool:
     """The loop iterates a `DataLoader(..., collate_fn=f)` whose in-file `f` moves what it
     builds (`return labels.to(device), text.to(device)`): the batches arrive on the device.
     The loader is told from its binding, or for a parameter from every call site."""
-    iterable = _unwrap_iterable(loop.iter) if isinstance(loop, (ast.For, ast.AsyncFor)) else None
+    iterable = facts.loop_source(loop) if isinstance(loop, (ast.For, ast.AsyncFor)) else None
     if iterable is None:
         return False
     loaders = _bound_values(facts, iterable)
