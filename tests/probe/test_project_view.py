@@ -277,3 +277,30 @@ def test_a_module_above_the_project_that_the_sandbox_hides_names_the_root_option
     unlisted = run_repro(example / "unlisted.py", _options(cwd=str(example)))
     assert unlisted.data["exception"]["type"] == "ModuleNotFoundError"
     assert "sandbox_cause" not in unlisted.data["exception"], unlisted.data["exception"]
+
+
+def test_a_script_that_needs_cuda_on_a_torch_without_it_says_so(project: Path):
+    """`.cuda()` on a CPU-only torch is neither the sandbox's doing nor a slip in the script's
+    logic: the TL905 says the interpreter has no CUDA and what to do. A script that asks
+    `torch.cuda.is_available()` first runs on the CPU and gets no such remark."""
+    import torch
+
+    needs = project / "needs_cuda.py"
+    needs.write_text("import torch\nmodel = torch.nn.Linear(3, 1).cuda()\n")
+    report = run_repro(needs, _options())
+    if torch.cuda.is_available():  # a machine with CUDA runs it: nothing to explain
+        assert report.status == "ok", report.data
+        return
+    finding = next(f for f in report.findings if f.code == "TL905")
+    assert report.data["exception"]["environment_cause"] == "no_cuda"
+    assert "has no usable CUDA" in finding.message and "--python" in finding.message
+    assert "sandbox_cause" not in report.data["exception"]
+    chooses = project / "chooses.py"
+    chooses.write_text(
+        "import torch\n"
+        "device = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+        "model = torch.nn.Linear(3, 1).to(device)\n"
+        "raise RuntimeError('the script itself fails')\n"
+    )
+    own = run_repro(chooses, _options())
+    assert "environment_cause" not in own.data["exception"]

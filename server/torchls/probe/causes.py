@@ -54,9 +54,40 @@ def explain(report: ReproReport, prepared: Prepared, project: ProjectView) -> No
     else:
         cause = _cause(text, kind, prepared, project)
     if cause is None:
+        _no_cuda(report, exception, text)
         return
     kind, sentence = cause
     exception["sandbox_cause"] = kind
+    for finding in report.data.get("findings") or []:
+        if isinstance(finding, dict) and finding.get("code") == "TL905":
+            finding["message"] = f"{finding.get('message', '')} ({sentence})"
+
+
+# What torch says when the script calls CUDA and this torch has none: a CPU-only build raises
+# the first two, a CUDA build on a machine without a usable GPU the others.
+_NO_CUDA = (
+    "has no attribute '_cuda_",
+    "Torch not compiled with CUDA enabled",
+    "Found no NVIDIA driver",
+    "No CUDA GPUs are available",
+)
+
+
+def _no_cuda(report: ReproReport, exception: dict[str, Any], text: str) -> None:
+    """The script calls CUDA unconditionally and the interpreter's torch cannot give it any:
+    not the sandbox's doing, nor a bug of the script's logic. The TL905 message says so and
+    what to do (`exception.environment_cause`: `no_cuda`)."""
+    if not any(marker in text for marker in _NO_CUDA):
+        return
+    device = report.data.get("device") or {}
+    requested = device.get("requested") if isinstance(device, dict) else None
+    exception["environment_cause"] = "no_cuda"
+    sentence = (
+        "this interpreter's torch has no usable CUDA, and the script calls it whatever device "
+        f"the repro asks for ({_show(requested or 'auto')}); run it with an interpreter and "
+        "machine that have CUDA (--python), or let the script choose its device "
+        "(torch.cuda.is_available())"
+    )
     for finding in report.data.get("findings") or []:
         if isinstance(finding, dict) and finding.get("code") == "TL905":
             finding["message"] = f"{finding.get('message', '')} ({sentence})"
