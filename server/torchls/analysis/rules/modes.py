@@ -1130,6 +1130,34 @@ def _detached(value: ast.expr) -> bool:
     return isinstance(value.func, ast.Name) and value.func.id in ("float", "int")
 
 
+# Methods whose result is cut from the graph exactly when their receiver is.
+_GRAPH_PRESERVING = frozenset(
+    {"cpu", "cuda", "to", "clone", "contiguous", "float", "double", "half", "squeeze", "view"}
+)
+
+
+def _rebound_detached(facts: Facts, use: ast.Name, assignment: object) -> bool:
+    """The binding of `use` that reaches it is a plain rebinding to a detached value
+    (`loss = loss.detach().cpu()`, `loss = loss.item()`) in a block that encloses the use,
+    so every path to the use goes through it."""
+    if assignment is None:
+        return False
+    stmt = assignment.stmt  # type: ignore[attr-defined]
+    value = assignment.value  # type: ignore[attr-defined]
+    if not isinstance(stmt, ast.Assign) or assignment.index is not None or value is None:  # type: ignore[attr-defined]
+        return False
+    block = facts.parents.get(stmt)
+    if block is None or not facts.is_inside(use, block):
+        return False
+    while (
+        isinstance(value, ast.Call)
+        and isinstance(value.func, ast.Attribute)
+        and value.func.attr in _GRAPH_PRESERVING
+    ):
+        value = value.func.value
+    return _detached(value)
+
+
 def _live_container(
     facts: Facts, value: ast.Name, containers: dict[str, list[ast.Subscript]]
 ) -> bool:
@@ -1369,7 +1397,8 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
     grows every iteration until the run dies with an out-of-memory error hours in. Summing
     losses that are backward()-ed together afterwards is intended and is not reported, nor is
     a slot under a constant key (`latest["d"] = d_loss`, or `latest[name] = part` over a dict's
-    keys) that every step overwrites.
+    keys) that every step overwrites, nor a loss name rebound to a detached copy before it
+    is stored (`loss = loss.detach().cpu()`).
 
     ## Example
     ```python
@@ -1426,6 +1455,8 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
                 loss_assignment = facts.reaching_assignment(loss)
                 if loss_assignment is not None and facts.in_no_grad(loss_assignment.stmt):
                     continue
+                if _rebound_detached(facts, loss, loss_assignment):
+                    continue  # `loss = loss.detach().cpu()` before `total += loss`
             if isinstance(loss, ast.Call):
                 label = f"{facts.source.segment(loss.func)}(...)"
             elif isinstance(loss, ast.Name):
