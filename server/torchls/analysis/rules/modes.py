@@ -175,7 +175,8 @@ def eval_without_eval_mode(facts: Facts) -> Iterator[Hit]:
     value that skips them. A module with no layer that reads the mode (as built here, or by
     the caller that hands it over: `nn.Upsample(...)`, a loss class around `nn.MSELoss`),
     run on another module's outputs (`criterion(model(x), y)`), has nothing to switch and
-    is not reported.
+    is not reported; nor is one of torch's own layers that ignores the mode
+    (`up = nn.Upsample(size)`), whatever it is run on.
 
     ## Why it is wrong
     In training mode dropout keeps dropping units and batch-norm normalises with the current
@@ -220,6 +221,8 @@ def eval_without_eval_mode(facts: Facts) -> Iterator[Hit]:
             continue
         if _mode_free(facts, call, modes) and _applied_to_outputs(facts, call, key):
             continue  # a mode-free loss or metric module run on the model's outputs
+        if _torch_layer_without_mode(facts, call, modes):
+            continue  # `nn.Upsample(...)` itself: eval() can never change what it computes
         edits = [insert_line_before(facts, context, f"{key}.eval()")]  # type: ignore[arg-type]
         if any(
             facts.node_reaches(outer, facts.is_backward) for outer in facts.enclosing_loops(context)
@@ -251,6 +254,32 @@ def _mode_free(facts: Facts, call: ast.Call, modes: frozenset) -> bool:
         and not built_mode_sensitive(facts, setter)
         for setter in built
     )
+
+
+def _torch_layer_without_mode(facts: Facts, call: ast.Call, modes: frozenset) -> bool:
+    """The module `call` runs is, wherever it is built, one of torch's own layers that
+    ignores the mode (`up = nn.Upsample(size)`, `nn.MaxPool2d(2)`): unlike a project class,
+    no layer can ever be added to it, so train and eval mode compute the same thing."""
+    kind = facts.kind_of(call.func)
+    built = [fact.setter for fact in modes]
+    if kind is not None and isinstance(kind.node, ast.Call):
+        built.append(kind.node)
+    constructors = [
+        b
+        for b in built
+        if isinstance(b, ast.Call) and facts.method_name(b) not in ("train", "eval")
+    ]
+    if not constructors or len(constructors) != len(built):
+        return False
+    for constructor in constructors:
+        qualname = facts.call_qualname(constructor) or ""
+        if not (qualname.startswith("torch.nn.") and qualname.count(".") == 2):
+            return False
+        if qualname.rsplit(".", 1)[1] in ("Sequential", "ModuleList", "ModuleDict"):
+            return False  # containers: judged by the outputs exception above
+        if built_mode_sensitive(facts, constructor):
+            return False
+    return True
 
 
 def _applied_to_outputs(facts: Facts, call: ast.Call, key: str) -> bool:
