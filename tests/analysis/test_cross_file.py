@@ -332,3 +332,40 @@ def test_torch_bound_by_a_star_import_of_a_project_module_is_resolved(tmp_path: 
     (tmp_path / "helpers.py").write_text('__all__ = ["batches"]\n' + STAR_HELPERS)
     listed = analyze(script.read_text(), str(script), workspace=Workspace(tmp_path))
     assert [f.code for f in listed.findings if f.code == "TL202"] == ["TL202"]
+
+
+EPOCH_LOOPS = """\
+def fit_one_epoch(loader, net, criterion, opt):
+    net.train()
+    for x, y in loader:
+        opt.zero_grad()
+        loss = criterion(net(x), y)
+        loss.backward()
+        opt.step()
+"""
+EPOCH_SCRIPT = """\
+import torch
+import torch.nn as nn
+
+from loops import fit_one_epoch
+
+
+def main(loader, epochs):
+    net = nn.Linear(4, 2)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    criterion = nn.CrossEntropyLoss()
+    for epoch in range(epochs):
+        fit_one_epoch(loader, net, criterion, opt)
+        torch.save({"epoch": epoch, "model": net.state_dict()}, "ckpt.pth")
+    torch.save({"model": net.state_dict()}, "final.pth")
+"""
+
+
+def test_a_final_export_after_an_epoch_loop_training_in_another_file(tmp_path: Path) -> None:
+    # The epoch loop's backward() runs in loops.py: the save after that loop is a one-off
+    # export (quiet), the one inside it a periodic checkpoint without optimizer state.
+    (tmp_path / "loops.py").write_text(EPOCH_LOOPS)
+    script = tmp_path / "main.py"
+    script.write_text(EPOCH_SCRIPT)
+    found = analyze(script.read_text(), str(script), workspace=Workspace(tmp_path)).findings
+    assert [f.span.start.row for f in found if f.code == "TL304"] == [13]

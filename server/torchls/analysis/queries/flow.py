@@ -464,7 +464,8 @@ class FlowQueries:
 
     def after_training(self, node: ast.AST, depth: int = 0) -> bool:
         """`node` runs once, after training has finished: it is in no loop of its scope and
-        follows a loop there that trains (reaches `backward()`), or it sits in a helper whose
+        follows a loop there that trains (reaches `backward()`, here or in a function of
+        another project file it calls: `train_epoch` from `loops.py`), or it sits in a helper whose
         every in-file call site does (a final export, not a periodic checkpoint)."""
         if self.enclosing_loops(node):
             return False
@@ -475,7 +476,10 @@ class FlowQueries:
                 (loop.end_lineno or loop.lineno) < line
                 and self.scope(loop) is scope
                 and not self.enclosing_loops(loop)
-                and self.node_reaches(loop, self.is_backward)
+                and (
+                    self.node_reaches(loop, self.is_backward)
+                    or self.node_reaches(loop, self.backwards_in_other_file)
+                )
             ):
                 return True
         if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) or depth >= 3:
