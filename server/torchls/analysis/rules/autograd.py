@@ -84,6 +84,9 @@ def backward_twice(facts: Facts) -> Iterator[Hit]:
     function under `@torch.no_grad()` returns carries no graph (a statistic of the first
     forward's output fed to the next step, say), nor does an input that a project module's
     `forward` only reads detached (a self-training loss taking pseudo-labels from it).
+    Two different items of one returned container (`parts["loss"]`, then
+    `parts["stop_loss"]`) are not paired: whether they share a graph is decided where they
+    were built (a head fed detached features shares none); the same item twice is.
 
     ## Why it is wrong
     `backward()` frees the graph's saved tensors. The second call raises "Trying to backward
@@ -123,6 +126,7 @@ def backward_twice(facts: Facts) -> Iterator[Hit]:
                     earlier is not None
                     and not _exclusive_branches(facts, earlier, call)
                     and not facts.exits_before(earlier, call)
+                    and not _other_items_of_one_value(facts, earlier, call)
                 ):
                     yield Hit(
                         call,
@@ -134,6 +138,34 @@ def backward_twice(facts: Facts) -> Iterator[Hit]:
             if not _retains_graph(call):
                 for forward in graph:
                     freed_by.setdefault(forward, call)
+
+
+def _item_backpropagated(facts: Facts, call: ast.Call) -> tuple[int, object] | None:
+    """(binding, key) when `call` backpropagates one item of a container bound once,
+    `parts["stop"].backward()` or `scaler.scale(parts["stop"]).backward()`; else None."""
+    target = facts.receiver(call)
+    if isinstance(target, ast.Call) and facts.method_name(target) == "scale" and target.args:
+        target = target.args[0]  # a GradScaler scales what it is given, graph and all
+    if not (
+        isinstance(target, ast.Subscript)
+        and isinstance(target.value, ast.Name)
+        and isinstance(target.slice, ast.Constant)
+    ):
+        return None
+    assignment = facts.reaching_assignment(target.value)
+    if assignment is None or assignment.value is None:
+        return None
+    return id(assignment.stmt), target.slice.value
+
+
+def _other_items_of_one_value(facts: Facts, earlier: ast.Call, later: ast.Call) -> bool:
+    """The two backward() calls take different items of one container a call returned (a
+    loss dict: `parts["loss"]`, then `parts["stopnet_loss"]`). Whether those items share a
+    graph is decided inside whoever built them (a stop head fed detached features shares
+    none): a second backward there is not a definite error, so it is not reported."""
+    first = _item_backpropagated(facts, earlier)
+    second = _item_backpropagated(facts, later)
+    return first is not None and second is not None and first[0] == second[0] and first != second
 
 
 def _forward_only_methods(facts: Facts, class_name: str) -> list[FunctionNode]:
