@@ -71,6 +71,19 @@ def _config_object(facts: Facts, value: ast.expr, depth: int = 0) -> tuple[str, 
         return "namespace", "Namespace"
     if facts.call_qualname(node) in ("argparse.Namespace",):
         return "namespace", "Namespace"
+    function = facts.called_function(node)
+    if function is not None and depth < 3:
+        # `opt = parse_option()`: an in-file helper every one of whose returns hands back
+        # the same kind of config object (the Namespace its parser built).
+        returned = [
+            r.value
+            for r in facts.walk_local(function)
+            if isinstance(r, ast.Return) and r.value is not None
+        ]
+        found = {_config_object(facts, r, depth + 1) for r in returned}
+        if len(returned) and len(found) == 1 and None not in found:
+            return found.pop()
+        return None
     if isinstance(node.func, ast.Name) and node.func.id in facts.classes:
         info = facts.classes[node.func.id]
         if facts.module_class(node.func.id):
@@ -175,7 +188,9 @@ def checkpoint_config_not_plain_data(facts: Facts) -> Iterator[Hit]:
     `torch.save` of a dict that holds an `argparse.Namespace`, a dataclass instance or another
     custom object (typically the run's config) next to the weights. Helpers count: a
     parameter is what every call site passes for it, or what its annotation says
-    (`cfg: TrainConfig`), and a save wrapper (`save_on_master(obj, path)`,
+    (`cfg: TrainConfig`), a value an in-file helper returns is what all its returns hand
+    back (`opt = parse_option()` returning `parser.parse_args()`), and a save wrapper
+    (`save_on_master(obj, path)`,
     `utils.save_checkpoint(state, ...)`, also in another project file) saves the dict its
     call site passes.
 
