@@ -58,6 +58,10 @@ def explain(report: ReproReport, prepared: Prepared, project: ProjectView) -> No
         return
     kind, sentence = cause
     exception["sandbox_cause"] = kind
+    _add_to_tl905(report, sentence)
+
+
+def _add_to_tl905(report: ReproReport, sentence: str) -> None:
     for finding in report.data.get("findings") or []:
         if isinstance(finding, dict) and finding.get("code") == "TL905":
             finding["message"] = f"{finding.get('message', '')} ({sentence})"
@@ -88,9 +92,7 @@ def _no_cuda(report: ReproReport, exception: dict[str, Any], text: str) -> None:
         "machine that have CUDA (--python), or let the script choose its device "
         "(torch.cuda.is_available())"
     )
-    for finding in report.data.get("findings") or []:
-        if isinstance(finding, dict) and finding.get("code") == "TL905":
-            finding["message"] = f"{finding.get('message', '')} ({sentence})"
+    _add_to_tl905(report, sentence)
 
 
 def _cause(

@@ -822,7 +822,7 @@ def _uncleared_steps(facts: Facts, loop: ast.AST) -> set[int]:
     cleared: list[set[str]] = []
     for call in facts.calls_in(loop):
         if not facts.is_zero_grad(call):
-            if facts.reaches(call, lambda c: facts.is_zero_grad(c) or facts.clears_gradients(c)):
+            if facts.reaches(call, lambda c: _clears(facts, c)):
                 return set()  # a helper or a closure (LBFGS) clears something
             continue
         receiver = facts.receiver(call)
@@ -859,23 +859,31 @@ def _overlap(first: set[str], second: set[str]) -> bool:
     )
 
 
-def _arm_that_never_clears(facts: Facts, loop: ast.AST, step: ast.Call) -> ast.If | None:
-    """The `if` inside `loop` one of whose arms holds `step` and no clearing of gradients,
-    while every clearing in the loop (a `zero_grad()`, a helper that clears, `p.grad = None`)
-    sits in its other arm: whenever the step's arm runs, the gradients of earlier iterations
-    are still there (`if not use_amp: zero_grad, backward, step / else: scaler.step`)."""
-    clearings = [
+def _clears(facts: Facts, call: ast.Call) -> bool:
+    return facts.is_zero_grad(call) or facts.clears_gradients(call)
+
+
+def _clearings_in(facts: Facts, loop: ast.AST) -> list[ast.AST]:
+    """Every clearing of gradients in `loop`: a `zero_grad()`, a call that reaches one (a
+    helper, an LBFGS closure), `p.grad = None`."""
+    return [
         node
         for node in ast.walk(loop)
         if facts.clears_gradients(node)
         or (
             isinstance(node, ast.Call)
-            and (
-                facts.is_zero_grad(node)
-                or facts.reaches(node, lambda c: facts.is_zero_grad(c) or facts.clears_gradients(c))
-            )
+            and (facts.is_zero_grad(node) or facts.reaches(node, lambda c: _clears(facts, c)))
         )
     ]
+
+
+def _arm_that_never_clears(
+    facts: Facts, loop: ast.AST, step: ast.Call, clearings: list[ast.AST]
+) -> ast.If | None:
+    """The `if` inside `loop` one of whose arms holds `step` and no clearing of gradients,
+    while every one of the loop's `clearings` sits in its other arm: whenever the step's arm
+    runs, the gradients of earlier iterations are still there (`if not use_amp: zero_grad,
+    backward, step / else: scaler.step`)."""
     if not clearings:
         return None
     current = facts.parents.get(step)
@@ -895,10 +903,7 @@ def _arm_that_never_clears(facts: Facts, loop: ast.AST, step: ast.Call) -> ast.I
 
 
 def _clears_grads_in(facts: Facts, loop: ast.AST) -> bool:
-    def predicate(call: ast.Call) -> bool:
-        return facts.is_zero_grad(call) or facts.clears_gradients(call)
-
-    if facts.node_reaches(loop, predicate):
+    if facts.node_reaches(loop, lambda c: _clears(facts, c)):
         return True
     return any(facts.clears_gradients(node) for node in ast.walk(loop))
 
@@ -948,6 +953,7 @@ def missing_zero_grad(facts: Facts) -> Iterator[Hit]:
     # Each optimizer once per loop: with two optimizers and no clearing at all, each gets its
     # own finding and fix (clearing one leaves the other's gradients accumulating).
     reported: set[tuple[int, str]] = set()
+    clearings: dict[int, list[ast.AST]] = {}  # per loop, for all the steps in it
     private = _privacy_wrapped(facts)
     for step, optimizer in _steps(facts):
         loops = facts.enclosing_loops(step)
@@ -958,7 +964,9 @@ def missing_zero_grad(facts: Facts) -> Iterator[Hit]:
         if seen in reported or not facts.node_reaches(loop, facts.accumulates_grad):
             continue
         if _clears_grads_in(facts, loop):
-            branch = _arm_that_never_clears(facts, loop, step)
+            if id(loop) not in clearings:
+                clearings[id(loop)] = _clearings_in(facts, loop)
+            branch = _arm_that_never_clears(facts, loop, step, clearings[id(loop)])
             if branch is not None:
                 optimizer_text = facts.source.segment(optimizer)
                 yield Hit(
