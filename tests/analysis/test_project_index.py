@@ -276,6 +276,32 @@ def test_summaries_are_cached_by_function_text(tmp_path: Path) -> None:
     assert again.summary(again.functions["train_step"]) == first
 
 
+def test_a_helper_summarised_without_the_project_does_not_answer_for_the_project(
+    tmp_path: Path,
+) -> None:
+    # `engine.main` saves `args` through `utils.save_on_master`. Checked on its own (no
+    # project), the call into utils cannot be followed, so the summary that its own
+    # `main(...)` call asks for saves nothing. Keyed by text alone, that summary used to
+    # answer the cross-file check after it in the same process: the launcher's TL301 was lost.
+    engine = (
+        "from utils import save_on_master\n\n\n"
+        "def main(args, model):\n"
+        '    save_on_master({"model": model.state_dict(), "args": args}, "last.pt")\n\n\n'
+        'if __name__ == "__main__":\n'
+        "    main(None, None)\n"
+    )
+    launcher = (
+        "import argparse\n\nimport engine\n\n\n"
+        "def run(model):\n"
+        "    args = argparse.ArgumentParser().parse_args()\n"
+        "    engine.main(args, model)\n"
+    )
+    write(tmp_path, {"utils.py": UTILS, "engine.py": engine, "launcher.py": launcher})
+    assert found(tmp_path, "launcher.py", "TL301") == [(8, "TL301")]
+    analyze(engine, str(tmp_path / "engine.py"))  # in-file only: the helper is not followed
+    assert found(tmp_path, "launcher.py", "TL301") == [(8, "TL301")]
+
+
 def test_model_class_reached_as_a_module_attribute(tmp_path: Path) -> None:
     # `import seq_models as sm; decoder = sm.Decoder(...)`: the class is found through the
     # module the index names, and its forward's LogSoftmax reaches the cross-entropy.

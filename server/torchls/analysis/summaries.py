@@ -108,14 +108,35 @@ class Summary:
 
 
 def _text_key(facts: Facts, function: FunctionNode) -> str:
-    # What a body means depends on its text and on the names the file binds at module level
-    # (imports, classes, globals such as `optimizer = ...`), so those are part of the key.
+    # What a body means depends on its text, on the names the file binds at module level
+    # (imports, classes, globals such as `optimizer = ...`) and on what those imports can be
+    # followed into: the same helper summarised without a project (an in-file check) cannot
+    # see the project function it calls, so it must not answer for a cross-file check.
     text = facts.source.segment(function)
     globals_ = sorted(facts.assignments.get(facts.tree, {}))
-    imports = repr((sorted(facts.imports.items()), sorted(facts.classes), globals_))
+    imports = repr(
+        (
+            sorted(facts.imports.items()),
+            sorted(facts.classes),
+            globals_,
+            _resolution_context(facts),
+        )
+    )
     return hashlib.blake2b(
         f"{imports}\n{text}".encode(errors="replace"), digest_size=16
     ).hexdigest()
+
+
+def _resolution_context(facts: Facts) -> tuple[str, str]:
+    """How far names of `facts` can be followed: no project, a project answered only from
+    what it already knows (the editor's fast pass), or a whole project, with its root."""
+    workspace = facts.workspace
+    if workspace is None:
+        return ("none", "")
+    view = getattr(workspace, "workspace", None)
+    project = view if view is not None else workspace
+    root = getattr(project, "root", None)
+    return ("view" if view is not None else "project", str(root))
 
 
 def forget_summaries() -> None:
@@ -256,6 +277,9 @@ class _Summarizer:
                     else:
                         switches.add(switch)
             if self.depth >= MAX_DEPTH:
+                # Callees are not followed this deep: the summary is cut short here, and
+                # the same body asked at a shallower depth must not get this answer.
+                self.leaf = False
                 continue
             target = facts.callee(call)
             if target is None:
