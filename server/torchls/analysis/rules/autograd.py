@@ -190,7 +190,22 @@ def _forward_only_methods(facts: Facts, class_name: str) -> list[FunctionNode]:
     return result
 
 
+def _rebound_here(facts: Facts, call: ast.Call) -> bool:
+    """The name `call` calls is bound in its own function (a parameter, a loop target, an
+    assignment): `for i, (code, GBlock) in enumerate(zip(codes, self.GBlock)): GBlock(h, c)`
+    runs a registered block held under the class's name, not the class itself."""
+    func = call.func
+    while isinstance(func, ast.Attribute):
+        func = func.value
+    if not isinstance(func, ast.Name):
+        return False
+    scope = facts.scope(call)
+    return scope is not facts.tree and bool(facts.assignments_of(func.id, scope))
+
+
 def _builds_parameters(facts: Facts, call: ast.Call, depth: int = 0) -> bool:
+    if depth == 0 and _rebound_here(facts, call):
+        return False
     qualname = facts.call_qualname(call) or ""
     short = facts.short_name(call)
     if qualname.startswith("torch.nn.") and short in PARAMETERISED_MODULES:
