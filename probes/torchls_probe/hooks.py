@@ -41,7 +41,7 @@ from torchls_probe.bounds import ProbeStop
 from torchls_probe.params import Roots
 from torchls_probe.progress import Progress
 from torchls_probe.records import Entry
-from torchls_probe.stats import all_finite, is_finite, summary, tensors_in
+from torchls_probe.stats import all_finite, is_finite, summary, tensors_in, version_of
 from torchls_probe.tracer import Trace
 
 
@@ -199,6 +199,8 @@ class Hooks:
             try:
                 with trace.paused():
                     self.activations.add(name, type(module).__name__, output, trace.steps)
+            except Exception as error:  # a probe bug must never break the user's forward
+                trace.internal_error(f"{name} activations", error)
             finally:
                 trace.busy = False
         forward = getattr(type(module), "forward", None)
@@ -209,6 +211,8 @@ class Hooks:
         try:
             with trace.paused():
                 self._record_module_output(module, output)
+        except Exception as error:  # as above
+            trace.internal_error(f"{type(module).__name__}.forward output", error)
         finally:
             trace.busy = False
 
@@ -646,7 +650,9 @@ class Activations:
         if figures is None:
             with torch.no_grad():
                 figures = _figures(tensor.detach())
-            self._last = (weakref.ref(tensor), tensor._version, step, figures)
+            version = version_of(tensor)
+            # Without a version counter (inference mode) a later write could not be told.
+            self._last = (weakref.ref(tensor), version, step, figures) if version >= 0 else None
         self.items.append({"step": step, "module": name, "kind": kind, **figures})
 
     def _repeated(self, tensor: torch.Tensor, step: int) -> dict[str, Any] | None:
@@ -656,7 +662,7 @@ class Activations:
             return None
         ref, version, when, figures = self._last
         last = ref()
-        if last is None or when != step or tensor._version != version:
+        if last is None or when != step or version_of(tensor) != version:
             return None
         if tensor is last:
             return figures

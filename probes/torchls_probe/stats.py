@@ -33,6 +33,16 @@ def _plain(t: torch.Tensor) -> bool:
     return t.layout not in _SKIP_LAYOUTS and t.device.type != "meta" and not t.is_quantized
 
 
+def version_of(t: torch.Tensor) -> int:
+    """`t._version`, or -1 for a tensor made under `torch.inference_mode()`: those keep no
+    version counter and raise when asked, and evaluation loops decorated with
+    `@torch.inference_mode()` are common between training steps."""
+    try:
+        return t._version
+    except RuntimeError:
+        return -1
+
+
 def is_finite(t: torch.Tensor) -> bool:
     """Whether every element is finite. One reduction plus one sync for floating tensors."""
     if not (t.is_floating_point() or t.is_complex()) or t.numel() == 0 or not _plain(t):

@@ -49,7 +49,7 @@ from torchls_probe.attribution import Location, UserCode
 from torchls_probe.contracts import LOSS_FUNCTIONS, Violation, broadcast_pair, check_loss
 from torchls_probe.names import op_name
 from torchls_probe.records import Entry, Event, Events, LineTable
-from torchls_probe.stats import is_finite, summary, suspects, tensors_in
+from torchls_probe.stats import is_finite, summary, suspects, tensors_in, version_of
 
 _BACKWARD = {torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad}
 _UNINITIALIZED = {
@@ -531,7 +531,7 @@ class Tracer(TorchFunctionMode):
             # Asked before the call: an in-place ReLU moves its input's version.
             first = args[0]
             mark = self._known.get(id(first))
-            if mark is None or mark[0]() is not first or mark[1] != first._version:
+            if mark is None or mark[0]() is not first or mark[1] != version_of(first):
                 kind &= ~_IS_SAFE
         else:
             kind &= ~_IS_SAFE
@@ -626,9 +626,12 @@ class Tracer(TorchFunctionMode):
         known = self._known
         for t in tensors:
             if t.nbytes >= self._at_once and t.is_floating_point():
+                version = version_of(t)
+                if version < 0:
+                    continue  # no version counter: a later in-place write would go unseen
                 if len(known) >= _KNOWN_LIMIT:
                     known.clear()
-                known[id(t)] = (weakref.ref(t), t._version)
+                known[id(t)] = (weakref.ref(t), version)
 
     def _note_devices(self, outputs: list[torch.Tensor]) -> None:
         for t in outputs:
@@ -654,10 +657,13 @@ class Tracer(TorchFunctionMode):
         trace = self.trace
         module = trace.module_path() if trace.module_stack else None
         if len(outputs) == 1:
-            versions = [outputs[0]._version]
+            try:
+                versions = [outputs[0]._version]
+            except RuntimeError:  # made under inference mode: see `version_of`
+                versions = [-1]
             size = outputs[0].nbytes
         else:
-            versions = [t._version for t in outputs]
+            versions = [version_of(t) for t in outputs]
             size = sum(t.nbytes for t in outputs)
         self._pending_bytes += size
         pending = self._pending
@@ -729,7 +735,7 @@ class Tracer(TorchFunctionMode):
                     current.extend(
                         t
                         for t, version in zip(item[1], item[2])  # noqa: B905 - equal lengths
-                        if t._version == version
+                        if version_of(t) == version
                     )
                 else:
                     current.extend(g for g in item[1] if isinstance(g, torch.Tensor))
@@ -768,7 +774,7 @@ class Tracer(TorchFunctionMode):
         cell: list[bool],
     ) -> None:
         finite = [
-            t._version != version or is_finite(t)
+            version_of(t) != version or is_finite(t)
             for t, version in zip(outputs, versions)  # noqa: B905 - equal lengths
         ]
         if not all(finite):
