@@ -99,13 +99,50 @@ def _optimizer_expression(facts: Facts, expr: ast.expr | None) -> bool:
     return facts.is_kind(expr, "optimizer")
 
 
+def _inner_optimizer(facts: Facts, expr: ast.expr | None) -> bool:
+    """`expr` names an optimizer its own function builds over modules that are not this
+    LightningModule's (`inner = SGD(task_copy.parameters())` for a meta-learning inner loop):
+    Lightning never sees it, so stepping and clearing it by hand is the only way it runs."""
+    if not isinstance(expr, ast.Name):
+        return False
+    function = facts.enclosing_function(expr)
+    if function is None:
+        return False
+    assignments = facts.assignments_of(expr.id, function)
+    if not assignments:
+        return False
+    for assignment in assignments:
+        value = assignment.value
+        kind = facts.kind_of(value) if isinstance(value, ast.Call) else None
+        if kind is None or kind.kind != "optimizer" or kind.node is not value:
+            return False
+        if facts.method_name(value) == "optimizers":
+            return False
+    owners = facts.optimizer_parameter_owners(expr)
+    return bool(owners) and not any(o == "self" or o.startswith("self.") for o in owners)
+
+
+def _inner_loop_backward(facts: Facts, call: ast.Call) -> bool:
+    """A `backward()` inside a loop that steps an inner optimizer (see `_inner_optimizer`):
+    the gradients of that loop's own update."""
+    loops = facts.enclosing_loops(call)
+    if not loops:
+        return False
+    return any(
+        facts.method_name(inner) == "step" and _inner_optimizer(facts, facts.receiver(inner))
+        for inner in facts.calls_in(loops[0])
+    )
+
+
 def _manual_optimization_call(facts: Facts, call: ast.Call) -> str | None:
     """What `call` does by hand: "backward", "manual_backward", "step" or "zero_grad"."""
     method = facts.method_name(call)
     if method == "manual_backward":
         return "manual_backward"
     if facts.is_backward(call):
-        return "backward"
+        return None if _inner_loop_backward(facts, call) else "backward"
+    if method in ("step", "zero_grad") and _inner_optimizer(facts, facts.receiver(call)):
+        return None
     if method == "step" and _optimizer_expression(facts, facts.receiver(call)):
         return "step"
     if method == "zero_grad":
@@ -137,7 +174,10 @@ def manual_backward_in_automatic_optimization(facts: Facts) -> Iterator[Hit]:
     A `LightningModule` whose `training_step` (or a method it calls) runs `loss.backward()`,
     `self.manual_backward(loss)`, `optimizer.step()` or `zero_grad()` itself, while the class
     never sets `self.automatic_optimization = False`. Classes with a base defined outside the
-    file are skipped (the base may switch it off).
+    file are skipped (the base may switch it off). An inner loop's own optimizer, built in
+    the method over modules that are not the LightningModule's (a head fitted per episode, a
+    task copy adapted in meta-learning), is not Lightning's to run: its backward, step and
+    zero_grad are not reported.
 
     ## Why it is wrong
     With automatic optimization (the default) Lightning runs backward, the optimizer step and
