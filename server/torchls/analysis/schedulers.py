@@ -70,6 +70,88 @@ def _constructors_in_value(facts: Facts, value: ast.expr, depth: int) -> list[as
     return None
 
 
+def hand_written_scheduler(facts: Facts, expr: ast.AST | None) -> bool:
+    """`expr` holds, on every binding (for a parameter, at every in-file call site), either
+    None or an instance of a project class with no base outside the project (`CycleScheduler`
+    in the repository's own `scheduler.py`, writing `group["lr"]` in its `step()`): its
+    `step()` follows the author's contract, not `torch.optim.lr_scheduler`'s."""
+    values = _held_values(facts, expr)
+    if not values:
+        return False
+    seen_class = False
+    for owner, value in values:
+        if isinstance(value, ast.Constant) and value.value is None:
+            continue
+        found = _project_class(owner, value.func) if isinstance(value, ast.Call) else None
+        if found is None or not _project_only_bases(*found):
+            return False
+        seen_class = True
+    return seen_class
+
+
+def _held_values(
+    facts: Facts, expr: ast.AST | None, depth: int = 0
+) -> list[tuple[Facts, ast.expr]] | None:
+    """The values `expr` may hold, as `scheduler_constructors` collects them; None when one
+    is out of sight."""
+    if expr is None or depth > 4:
+        return None
+    if isinstance(expr, ast.Name) and facts.parameter_of(expr) is not None:
+        values = facts.parameter_arguments(expr)
+    elif isinstance(expr, ast.Name):
+        scope = facts.scope(expr)
+        assignments = facts.assignments_of(expr.id, scope)  # type: ignore[arg-type]
+        if not assignments and scope is not facts.tree:
+            assignments = facts.assignments_of(expr.id, facts.tree)
+        if any(a.value is None or a.index is not None or a.loop for a in assignments):
+            return None
+        values = [a.value for a in assignments]  # type: ignore[misc]
+    elif isinstance(expr, ast.Attribute):
+        values = facts.self_attribute_values(expr)
+    else:
+        values = [expr]  # type: ignore[list-item]
+    if not values:
+        return None
+    found: list[tuple[Facts, ast.expr]] = []
+    for value in values:
+        parts = [value.body, value.orelse] if isinstance(value, ast.IfExp) else [value]
+        for part in parts:
+            if isinstance(part, (ast.Name, ast.Attribute)):
+                inner = _held_values(facts, part, depth + 1)
+                if inner is None:
+                    return None
+                found.extend(inner)
+            else:
+                found.append((facts, part))
+    return found
+
+
+def _project_class(facts: Facts, name: ast.expr) -> tuple[Facts, ast.ClassDef] | None:
+    """The class a plain name stands for, in this file or (through an import) another project
+    file; None for anything else."""
+    if not isinstance(name, ast.Name):
+        return None
+    if name.id in facts.classes:
+        return facts, facts.classes[name.id].node
+    definition = facts.definition(name.id)
+    if definition is not None and isinstance(definition.node, ast.ClassDef):
+        return definition.facts, definition.node
+    return None
+
+
+def _project_only_bases(facts: Facts, node: ast.ClassDef, depth: int = 0) -> bool:
+    """Every base of the class, up the chain, is a project class (or `object`)."""
+    if depth > 4:
+        return False
+    for base in node.bases:
+        if isinstance(base, ast.Name) and base.id == "object":
+            continue
+        found = _project_class(facts, base)
+        if found is None or found[1] is node or not _project_only_bases(*found, depth + 1):
+            return False
+    return True
+
+
 def scheduler_type(facts: Facts, expr: ast.AST | None) -> tuple[str, list[ast.Call]] | None:
     """("StepLR", constructors) when every binding of `expr` builds the same scheduler type."""
     constructors = scheduler_constructors(facts, expr)

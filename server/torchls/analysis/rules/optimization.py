@@ -24,6 +24,7 @@ from torchls.analysis.rules._edits import (
 )
 from torchls.analysis.schedulers import (
     call_argument,
+    hand_written_scheduler,
     schedule_design,
     scheduler_type,
 )
@@ -166,7 +167,9 @@ def scheduler_before_optimizer(facts: Facts) -> Iterator[Hit]:
     `scheduler.step()` called in a loop before that loop's `optimizer.step()` (directly or in a
     helper such as `train_one_epoch(...)`, also one in another project module): at the top of
     the epoch loop before the batches, at the top of the batch loop before the update, or at
-    the top of a helper that runs the batch loop itself.
+    the top of a helper that runs the batch loop itself. A scheduler of the project's own (a
+    class with no base outside the project, whose `step()` typically writes the rate for the
+    coming update into the param groups) follows its author's contract and is not reported.
 
     ## Why it is wrong
     Since PyTorch 1.1 the scheduler must be stepped *after* the optimizer. Stepping it first
@@ -201,6 +204,8 @@ def scheduler_before_optimizer(facts: Facts) -> Iterator[Hit]:
         if stmt is None or not loops:
             continue
         found = scheduler_type(facts, facts.receiver(call))
+        if found is None and hand_written_scheduler(facts, facts.receiver(call)):
+            continue  # its own step() contract: setting the rate for the coming update, say
         optimizer_key = _scheduler_optimizer_key(facts, found[1]) if found else None
 
         def steps_optimizer(node: ast.AST, wanted: str | None = optimizer_key) -> bool:
