@@ -335,7 +335,34 @@ class ModeAnalysis:
                 mode, setter = method, link
                 break
             link = facts.receiver(link)
+        if setter is root:
+            returned = self._returned_modes(root)
+            if returned is not None:
+                return {**state, key: returned}
         return {**state, key: frozenset({ModeFact(mode, setter)})}
+
+    def _returned_modes(self, call: ast.Call) -> frozenset[ModeFact] | None:
+        """For `net = load_model(...)`, an in-file function that switches the model it hands
+        back (`model.eval()` before `return model`): the modes it returns it in, attributed
+        to the call. None when its returns name different objects or it leaves the mode as
+        the model was built."""
+        facts = self.facts
+        function = facts.called_function(call)
+        if function is None:
+            return None
+        returns = [n for n in facts.walk_local(function) if isinstance(n, ast.Return)]
+        keys = {
+            facts.key(facts.same_object(r.value)) if r.value is not None else None for r in returns
+        }
+        if len(keys) != 1:
+            return None
+        returned_key = keys.pop()
+        if returned_key is None:
+            return None
+        modes = self._effect(function).get(returned_key)
+        if not modes or any(f.mode not in ("train", "eval") for f in modes):
+            return None
+        return frozenset(ModeFact(f.mode, call) for f in modes)
 
     # ------------------------------------------------------------------ expressions
     def _expression(self, node: ast.AST, state: State) -> State:

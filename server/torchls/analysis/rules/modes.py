@@ -176,7 +176,9 @@ def eval_without_eval_mode(facts: Facts) -> Iterator[Hit]:
     the caller that hands it over: `nn.Upsample(...)`, a loss class around `nn.MSELoss`),
     run on another module's outputs (`criterion(model(x), y)`), has nothing to switch and
     is not reported; nor is one of torch's own layers that ignores the mode
-    (`up = nn.Upsample(size)`), whatever it is run on.
+    (`up = nn.Upsample(size)`), whatever it is run on. A model handed back by an in-file
+    function that switched it before returning it (`net.eval(); return net` in a checkpoint
+    loader) is in the mode that function left it in.
 
     ## Why it is wrong
     In training mode dropout keeps dropping units and batch-norm normalises with the current
