@@ -237,7 +237,7 @@ def _parameters(trace: Trace, roots: Roots, file: str) -> list[dict[str, Any]]:
     groups = (
         (roots.without_grad, "got no gradient (an unused layer or a detached branch)"),
         (roots.zero_grad, "got an all-zero gradient"),
-        (roots.not_in_optimizer(), "is in no optimizer, so it is never updated"),
+        (roots.not_in_optimizer(trace.copied_from), "is in no optimizer, so it is never updated"),
     )
     step_lines = [roots.optimizer_lines[k] for k in sorted(roots.optimizer_lines)][:1]
     for index, (params, why) in enumerate(groups):
@@ -250,7 +250,10 @@ def _parameters(trace: Trace, roots: Roots, file: str) -> list[dict[str, Any]]:
         for owner, names in by_module.items():
             loc = where[owner] or fallback
             subject = names[0] if len(names) == 1 else f"{', '.join(names)}"
-            verb = why if len(names) == 1 else why.replace("is in", "are in").replace("gets", "get")
+            verb = why
+            if len(names) > 1:
+                verb = why.replace("is in", "are in").replace("it is", "they are")
+                verb = verb.replace("gets", "get")
             plural = "parameter" if len(names) == 1 else "parameters"
             links = []
             if index == 2 and step_lines:

@@ -60,7 +60,7 @@ class Hooks:
         self.optimizers_made = 0
         self.divergence = Divergence()
         self.activations = Activations()
-        self.got_grad: set[int] = set()  # parameters a complete backward reached
+        self.got_grad = roots.got_grad  # parameters a complete backward reached
         # --compare: keep (baseline) or restore (candidate) each root model's first weights.
         self.initial_save: str | None = None
         self.initial_load: str | None = None

@@ -30,6 +30,7 @@ class Roots:
     without_grad: dict[str, Location | None] = field(default_factory=dict)
     zero_grad: dict[str, Location | None] = field(default_factory=dict)
     checked_optimizers: set[int] = field(default_factory=set)
+    got_grad: set[int] = field(default_factory=set)  # parameters a complete backward reached
 
     def add_model(self, module: torch.nn.Module, where: Location | None) -> bool:
         if any(m is module for m in self.models):
@@ -81,15 +82,38 @@ class Roots:
             if id(param) not in reached:
                 self.without_grad.setdefault(name, definition(model, name, self.user))
 
-    def not_in_optimizer(self) -> dict[str, Location | None]:
+    def not_in_optimizer(self, copied_from: dict[int, int] | None = None) -> dict[str, Any]:
+        """Trainable parameters of the models seen that no optimizer holds, less two kinds of
+        model that are meant to be outside every optimizer: one whose weights are copied from
+        parameters an optimizer holds (a DQN's target network, `target.load_state_dict(
+        online.state_dict())`; `copied_from` maps written memory to its source), and, once a
+        backward reached some parameter, one no backward reached (a teacher, an EMA or target
+        model run under `no_grad` or detached). A model left out of the optimizer by mistake
+        still gets its gradients, and is still reported."""
         if not self.optimizers:
             return {}
-        held = {id(p) for o in self.optimizers for g in o.param_groups for p in g["params"]}
-        return {
-            name: definition(model, name, self.user)
-            for name, param, model in self.named_parameters()
-            if id(param) not in held
-        }
+        held_params = [p for o in self.optimizers for g in o.param_groups for p in g["params"]]
+        held = {id(p) for p in held_params}
+        held_memory = {_pointer(p) for p in held_params} if copied_from else set()
+        copies = copied_from or {}
+        reached = self.got_grad
+        found = {}
+        for name, param, model in self.named_parameters():
+            if id(param) in held:
+                continue
+            if reached and id(param) not in reached:
+                continue  # frozen by use: no backward ever reached it
+            if copies.get(_pointer(param), -1) in held_memory:
+                continue  # mirrors a trained parameter
+            found[name] = definition(model, name, self.user)
+        return found
+
+
+def _pointer(t: torch.Tensor) -> int | None:
+    try:
+        return t.data_ptr()
+    except RuntimeError:  # no storage: never matches a copy
+        return None
 
 
 def definition(model: torch.nn.Module, qualified: str, user: UserCode) -> Location | None:

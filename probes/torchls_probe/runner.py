@@ -440,7 +440,7 @@ def _write(
             parameters = {
                 "without_grad": list(roots.without_grad),
                 "zero_grad": list(roots.zero_grad),
-                "not_in_optimizer": list(roots.not_in_optimizer()),
+                "not_in_optimizer": list(roots.not_in_optimizer(trace.copied_from)),
             }
             if device is not None:
                 from torchls_probe.device import observe

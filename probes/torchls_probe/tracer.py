@@ -203,6 +203,8 @@ _SAFE = {
     "Tensor.select",
 }
 _KNOWN_LIMIT = 512  # tensors remembered as judged finite (weakly), cleared beyond
+_COPIES_LIMIT = 65536  # `Trace.copied_from` entries kept
+_COPY = torch.Tensor.copy_
 _CURRENT: Any = object()  # `Trace.event(module=...)` default: the module running now
 _UNSEEN: Any = object()
 
@@ -363,6 +365,11 @@ class Trace:
         self.module_stack: list[torch.nn.Module] = []
         self.module_names: dict[int, str] = {}
         self.internal_errors: list[str] = []
+        # Memory written by `Tensor.copy_` -> the memory it was copied from (`data_ptr`s): a
+        # target network is filled from the trained one (`target.load_state_dict(
+        # online.state_dict())`, `t.data.copy_(p.data)`) and is updated that way, not by an
+        # optimizer (see `Roots.not_in_optimizer`).
+        self.copied_from: dict[int, int] = {}
         # Set by the tracer: judges what it deferred (see the module docstring).
         self._flush: Callable[[], None] | None = None
         self._pause = _Pause()
@@ -375,6 +382,15 @@ class Trace:
         """Judge every deferred finiteness check now (before the weights change, say)."""
         if self._flush is not None:
             self._flush()
+
+    def note_copy(self, target: Any, source: Any) -> None:
+        if not isinstance(target, torch.Tensor) or not isinstance(source, torch.Tensor):
+            return
+        copied = self.copied_from
+        if len(copied) >= _COPIES_LIMIT:
+            return  # the copies that matter (model weights) come early and are few
+        with contextlib.suppress(RuntimeError):  # a tensor without storage (a wrapper, meta)
+            copied[target.data_ptr()] = source.data_ptr()
 
     def internal_error(self, op: str, error: Exception) -> None:
         if len(self.internal_errors) < 5:
@@ -484,6 +500,8 @@ class Tracer(TorchFunctionMode):
         trace = self.trace
         if trace.busy or trace.in_step:
             return func(*args, **kwargs)
+        if func is _COPY and len(args) > 1:  # before the light trace of no-grad code skips it
+            trace.note_copy(args[0], args[1])
         try:
             name, writes, kind = _FUNCS[func]
         except (KeyError, TypeError):

@@ -5,7 +5,11 @@ checks that the bounded repro neither breaks it nor reports something false abou
 
 - evaluation under `@torch.inference_mode()` between training steps (a segmentation trainer
   validates that way every few steps): inference tensors keep no version counter, and asking
-  for one raised inside the user's forward.
+  for one raised inside the user's forward;
+- a target network (a DQN's, filled with `target.load_state_dict(online.state_dict())`, or
+  deep-copied and run under `no_grad` as TD3 does) and a frozen teacher are outside every
+  optimizer on purpose: TL902 "in no optimizer, so it is never updated" is false for them. A
+  model left out of the optimizer by mistake (it still gets gradients) is still reported.
 """
 
 from __future__ import annotations
@@ -49,3 +53,68 @@ def test_evaluation_under_inference_mode_runs_to_the_bound(warm_repro) -> None:
     # The values made under inference mode are still judged: the -inf is seen.
     lines = [f["line"] for f in data["findings"] if f["code"] == "TL901"]
     assert lines == [11], data["findings"]
+
+
+TARGET_NETWORKS = """\
+import copy
+import torch
+from torch import nn
+
+
+class Critic(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(3, 16)
+        self.out = nn.Linear(16, 1)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.body(x)))
+
+
+online = Critic()
+copied = Critic()
+copied.load_state_dict(online.state_dict())  # hard copy, refreshed every few episodes
+frozen = copy.deepcopy(online)  # soft-updated later, only ever run without gradients
+teacher = nn.Linear(3, 1)
+opt = torch.optim.Adam(online.parameters(), lr=1e-3)
+for step in range(5):
+    state = torch.randn(8, 3)
+    with torch.no_grad():
+        hint = frozen(state) + teacher(state)
+    target = 0.9 * copied(state) + hint  # not detached: gradients reach `copied`, unused
+    loss = nn.functional.mse_loss(online(state), target)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+FORGOTTEN = """\
+import torch
+from torch import nn
+
+encoder = nn.Linear(3, 8)
+head = nn.Linear(8, 1)
+opt = torch.optim.SGD(encoder.parameters(), lr=0.01)  # the head was forgotten
+for step in range(5):
+    loss = head(torch.relu(encoder(torch.randn(4, 3)))).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_target_networks_and_a_frozen_teacher_are_not_tl902(warm_repro) -> None:
+    report, _ = warm_repro(TARGET_NETWORKS)
+    data = report.data
+    assert data["stopped_by"] == "steps", data["stopped_by"]
+    assert data["parameters"]["not_in_optimizer"] == [], data["parameters"]
+    assert [f for f in data["findings"] if f["code"] == "TL902"] == []
+
+
+def test_a_model_left_out_of_the_optimizer_is_still_tl902(warm_repro) -> None:
+    report, _ = warm_repro(FORGOTTEN)
+    data = report.data
+    assert data["parameters"]["not_in_optimizer"] == ["Linear.weight", "Linear.bias"]
+    found = [f for f in data["findings"] if f["code"] == "TL902"]
+    assert len(found) == 1, found
+    assert found[0]["message"].endswith("are in no optimizer, so they are never updated")
