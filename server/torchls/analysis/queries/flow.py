@@ -137,11 +137,12 @@ class FlowQueries:
             current = self.parents.get(current)
         return False
 
-    def parameters_frozen_before(self, key: str, node: ast.AST) -> bool:
+    def parameters_frozen_before(self, key: str, node: ast.AST, depth: int = 0) -> bool:
         """Before `node`, in its own function (or module), every parameter of the module
         `key` names is frozen: `model.requires_grad_(False)`, or a loop over
         `model.parameters()` / `model.named_parameters()` setting `requires_grad = False` on
-        each. A forward of it then records no graph unless its input asks for one."""
+        each. A forward of it then records no graph unless its input asks for one. For a
+        parameter of the function, every in-file caller froze what it passes."""
         scope = self.scope(node)
         for found in self.walk_local(scope):
             if getattr(found, "lineno", node.lineno) >= node.lineno:  # type: ignore[attr-defined]
@@ -156,7 +157,36 @@ class FlowQueries:
                     return True
             if isinstance(found, ast.For) and self._freezes_each(found, key):
                 return True
-        return False
+        return depth < 2 and self._frozen_by_every_caller(key, scope, depth)
+
+    def _frozen_by_every_caller(self, key: str, function: ast.AST, depth: int) -> bool:
+        """`key` is a parameter of `function` that it never rebinds, and every in-file call
+        site hands over a module whose parameters were all frozen before that call
+        (`model.requires_grad_(False)` in the script, then `evaluate(images, model)`)."""
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) or "." in key:
+            return False
+        positional = [a.arg for a in [*function.args.posonlyargs, *function.args.args]]
+        if key not in positional + [a.arg for a in function.args.kwonlyargs]:
+            return False
+        if any(a.stmt is not function for a in self.assignments_of(key, function)):
+            return False  # rebound inside: the caller's module may not be what runs
+        sites = self.call_sites(function)  # type: ignore[arg-type]
+        if not sites:
+            return False
+        for site in sites:
+            bound = isinstance(site.func, ast.Attribute) and positional[:1] == ["self"]
+            params = positional[1:] if bound else positional
+            argument = next((k.value for k in site.keywords if k.arg == key), None)
+            if argument is None and key in params:
+                position = params.index(key)
+                if any(isinstance(a, ast.Starred) for a in site.args[: position + 1]):
+                    return False
+                if position < len(site.args):
+                    argument = site.args[position]
+            passed = self.key(self.same_object(argument)) if argument is not None else None
+            if passed is None or not self.parameters_frozen_before(passed, site, depth + 1):
+                return False
+        return True
 
     def _freezes_each(self, loop: ast.For, key: str) -> bool:
         """`for p in model.parameters(): p.requires_grad = False` (or `for name, p in

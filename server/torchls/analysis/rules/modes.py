@@ -364,7 +364,8 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
     gradients itself (an adversarial attack: `torch.autograd.grad`, `requires_grad = True`,
     an attack object from advertorch, torchattacks, foolbox or ART), nor a model whose
     parameters were all frozen before the loop (`model.requires_grad_(False)`, or
-    `requires_grad = False` set on each of `model.parameters()`).
+    `requires_grad = False` set on each of `model.parameters()`), there or by every in-file
+    caller before it hands the model over.
 
     ## Why it is wrong
     `eval()` only changes how layers behave; it does not stop autograd. Every forward pass
