@@ -172,8 +172,9 @@ def _first_in(events: list[Event], phase: str) -> Event | None:
 
 
 def is_mask(event: Event) -> bool:
-    """An intended infinity that stayed where masks belong (before the loss)."""
-    return event.origin == "mask" and event.phase in ("input", "forward")
+    """An intended infinity that stayed where masks belong (before the loss), or a value the
+    code replaced before anything used it (`cleaned`)."""
+    return event.origin in ("mask", "cleaned") and event.phase in ("input", "forward")
 
 
 def _unique(items: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -91,6 +91,9 @@ class Event:
     sources: list[int] = field(default_factory=list)
     step: int = 0
     detail: str = ""
+    # The origin before it became "cleaned" (the code replaced the value before any use), kept
+    # so that a later use of a still-living value can take that back.
+    uncleaned: str = ""
 
 
 class Events:

@@ -143,6 +143,18 @@ _DATA_GET = torch.Tensor.data.__get__
 _FUNCS: dict[Any, tuple[str | None, Any, int]] = {}
 # What a callable is, as bits of the third item of `_FUNCS` (one lookup per call, not four).
 _IS_BACKWARD, _IS_LOSS, _IS_UNINITIALIZED, _IS_DIFFERENCE, _IS_SAFE = 1, 2, 4, 8, 16
+_IS_SANITIZER = 32
+# Ops that replace non-finite values by finite ones when the code asks them to
+# (`torch.where(torch.isinf(x), 0, x)`, `nan_to_num`): a finite output made from a non-finite
+# input that nothing else used is the code cleaning up, not a value that went wrong.
+_SANITIZERS = {
+    "torch.nan_to_num",
+    "Tensor.nan_to_num",
+    "torch.where",
+    "Tensor.where",
+    "Tensor.masked_fill",
+    "torch.masked_fill",
+}
 # Ops whose output cannot hold a NaN or an infinity unless their first argument does (values
 # moved, selected, clamped or squashed, never combined or scaled up): when that argument is
 # a tensor judged finite and not written since, the output needs no judging of its own. On a
@@ -247,6 +259,7 @@ def _describe(func: Any) -> tuple[str | None, Any, int]:
     kind |= _IS_UNINITIALIZED if name in _UNINITIALIZED else 0
     kind |= _IS_DIFFERENCE if name in _DIFFERENCES else 0
     kind |= _IS_SAFE if name in _SAFE else 0
+    kind |= _IS_SANITIZER if name in _SANITIZERS else 0
     info = (name, _writes(func), kind)
     with contextlib.suppress(TypeError):  # an unhashable callable: just don't cache it
         _FUNCS[func] = info
@@ -472,6 +485,7 @@ class Tracer(TorchFunctionMode):
         # a `_SAFE` op found here (same tensor, same version) makes its output finite too.
         self._known: dict[int, tuple[weakref.ref, int]] = {}
         self._flushing = False
+        self._writing = False  # inside `_write_into_nonfinite`
         trace._flush = self.flush
         trace._pause.mode = self
 
@@ -509,6 +523,11 @@ class Tracer(TorchFunctionMode):
         if self._pending and (writes is not None or (kwargs and "out" in kwargs)):
             if self._overwrites(writes, args, kwargs):
                 self.flush()  # judge queued values before this call overwrites one of them
+        if writes is not None and self._nonfinite and args and not self._writing:
+            target = args[0]
+            mark = self._nonfinite.get(id(target)) if isinstance(target, torch.Tensor) else None
+            if mark is not None and mark[0]() is target and _in_place(writes, args, kwargs):
+                return self._write_into_nonfinite(func, types, args, kwargs, target, mark[1])
         if self._known and (writes is _ESCAPE or (name is None and func == _DATA_GET)):
             # Writes through these go unseen by version counters: forget what was judged.
             self._known.clear()
@@ -559,12 +578,88 @@ class Tracer(TorchFunctionMode):
         trace.busy = True
         try:
             phase = "loss" if kind & _IS_LOSS else trace.phase
+            if kind & _IS_SANITIZER and self._nonfinite:
+                self._sanitized(args, kwargs, result)
             self._record(name, kind, loc, site[1], result, args, kwargs, phase, caller)
         except Exception as error:  # a probe bug must never change what the user's step does
             trace.internal_error(name, error)
         finally:
             trace.busy = False
         return result
+
+    # --- values the code cleans up -------------------------------------------------------------
+
+    def _write_into_nonfinite(
+        self, func: Any, types: Any, args: tuple, kwargs: dict, target: torch.Tensor, index: int
+    ) -> Any:
+        """An in-place write into a tensor holding the non-finite value of event `index`
+        (`x[x == float("inf")] = 0` after `x = 1 / degree`): traced as usual, and when the
+        tensor is finite afterwards, the code has cleaned the value up."""
+        self._writing = True
+        try:
+            result = self.__torch_function__(func, types, args, kwargs)
+        finally:
+            self._writing = False
+        trace = self.trace
+        was_busy, trace.busy = trace.busy, True
+        try:
+            if is_finite(target):
+                self._forget(id(target))
+                self._clean(index)
+        except Exception as error:  # a probe bug must never change what the user's step does
+            trace.internal_error("a write into a non-finite tensor", error)
+        finally:
+            trace.busy = was_busy
+        return result
+
+    def _sanitized(self, args: tuple, kwargs: dict, result: Any) -> None:
+        """A sanitizer made a finite output from non-finite inputs the probe tracks."""
+        found = []
+        for t in tensors_in((args, kwargs), 8):
+            mark = self._nonfinite.get(id(t))
+            if mark is not None and mark[0]() is t:
+                found.append(mark[1])
+        if found and isinstance(result, torch.Tensor) and is_finite(result):
+            for index in found:
+                self._clean(index)
+
+    def _clean(self, index: int) -> None:
+        """Event `index` (input or forward phase) was cleaned up before any other use: it and
+        the events it came from whose values are gone and went nowhere else become `cleaned`,
+        listed but never a finding. A value still alive (a sanitizer only read it) may be used
+        later; such a use takes the verdict back (`_unclean`)."""
+        items = self.trace.events.items
+        if not 0 <= index < len(items):
+            return
+        event = items[index]
+        if event.phase not in ("input", "forward") or event.origin not in ("op", "propagated"):
+            return
+        if any(index in other.sources for other in items):
+            return  # something else was already made from it
+        event.uncleaned, event.origin = event.origin, "cleaned"
+        for source in event.sources:
+            if not 0 <= source < len(items) or self._tracked(source):
+                continue  # its value lives on and may be used again
+            children = [other for other in items if source in other.sources]
+            if all(child.origin == "cleaned" for child in children):
+                parent = items[source]
+                if parent.phase in ("input", "forward") and parent.origin in ("op", "propagated"):
+                    parent.uncleaned, parent.origin = parent.origin, "cleaned"
+
+    def _tracked(self, index: int) -> bool:
+        return any(mark[1] == index and mark[0]() is not None for mark in self._nonfinite.values())
+
+    def _unclean(self, index: int) -> None:
+        """A value judged cleaned up was used after all: its event and those it came from get
+        their origin back."""
+        items = self.trace.events.items
+        todo = [index]
+        while todo:
+            current = todo.pop()
+            if 0 <= current < len(items) and items[current].origin == "cleaned":
+                event = items[current]
+                event.origin, event.uncleaned = event.uncleaned or "op", ""
+                todo.extend(event.sources)
 
     # --- forward -------------------------------------------------------------------------------
 
@@ -837,6 +932,10 @@ class Tracer(TorchFunctionMode):
             elif not is_finite(t):
                 untracked = True
         origin = "propagated" if sources or untracked else "op"
+        items = self.trace.events.items
+        for source in sources:
+            if 0 <= source < len(items) and items[source].origin == "cleaned":
+                self._unclean(source)
         # The full summary (counts and range) only for an event not recorded yet: a mask
         # written on every step is recorded once, and its later steps need only know whether
         # it holds a NaN.

@@ -123,7 +123,9 @@ def test_a_value_repaired_in_place_after_its_op_is_judged_as_the_op_made_it(
     trace, _ = traced(tmp_path, OVERWRITTEN)
     first = first_event(trace)
     assert first.location.line == cases.marker_line(OVERWRITTEN, "log")
-    assert (first.op, first.phase, first.origin) == ("torch.log", "forward", "op")
+    # Made from finite inputs ("op"); the repair before any use then makes it "cleaned".
+    assert (first.op, first.phase, first.uncleaned) == ("torch.log", "forward", "op")
+    assert first.origin == "cleaned"
     assert first.summary["nonfinite"]["neginf"] >= 1
     repaired = cases.marker_line(OVERWRITTEN, "repair")
     assert not [e for e in trace.events.items if e.location.line == repaired]

@@ -9,7 +9,11 @@ checks that the bounded repro neither breaks it nor reports something false abou
 - a target network (a DQN's, filled with `target.load_state_dict(online.state_dict())`, or
   deep-copied and run under `no_grad` as TD3 does) and a frozen teacher are outside every
   optimizer on purpose: TL902 "in no optimizer, so it is never updated" is false for them. A
-  model left out of the optimizer by mistake (it still gets gradients) is still reported.
+  model left out of the optimizer by mistake (it still gets gradients) is still reported;
+- a graph network's degree normalisation (`inv = 1 / degree`, then `inv[inv == inf] = 0` for
+  isolated nodes, also through a `sqrt` or with `torch.where`/`nan_to_num`) makes an infinity
+  the code replaces at once: that is not TL901. An infinity used before the clean-up, or a raw
+  value used beside its cleaned copy, still is.
 """
 
 from __future__ import annotations
@@ -118,3 +122,53 @@ def test_a_model_left_out_of_the_optimizer_is_still_tl902(warm_repro) -> None:
     found = [f for f in data["findings"] if f["code"] == "TL902"]
     assert len(found) == 1, found
     assert found[0]["message"].endswith("are in no optimizer, so they are never updated")
+
+
+CLEANED_TEMPLATE = """\
+import torch
+from torch import nn
+
+degree = torch.tensor([2.0, 0.0, 3.0, 1.0, 0.0, 4.0])
+{cleanup}
+features = torch.randn(6, 5) * scale.unsqueeze(1)
+layer = nn.Linear(5, 2)
+opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+for step in range(4):
+    loss = layer(features).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+CLEANUPS = {
+    "masked_assignment": "scale = 1 / degree\nscale[scale == float('inf')] = 0",
+    "through_sqrt": "scale = torch.sqrt(1 / degree)\nscale[torch.isinf(scale)] = 0.0",
+    "where": "raw = degree.pow(-0.5)\nscale = torch.where(torch.isinf(raw), 0.0, raw)",
+    "nan_to_num": "scale = torch.nan_to_num(1.0 / degree, posinf=0.0)",
+    "masked_fill_": "scale = degree.reciprocal()\nscale.masked_fill_(scale.isinf(), 0.0)",
+}
+
+
+@pytest.mark.parametrize("cleanup", sorted(CLEANUPS))
+def test_an_infinity_the_code_replaces_at_once_is_not_tl901(warm_repro, cleanup) -> None:
+    report, _ = warm_repro(CLEANED_TEMPLATE.format(cleanup=CLEANUPS[cleanup]))
+    data = report.data
+    assert data["stopped_by"] == "steps", data["stopped_by"]
+    assert [f for f in data["findings"] if f["code"] == "TL901"] == [], data["findings"]
+    origins = {e["origin"] for e in data["nonfinite"]["events"]}
+    assert origins == {"cleaned"}, data["nonfinite"]["events"]
+
+
+USED_BEFORE = {
+    # the infinity reaches the features before the clean-up
+    "used_first": "scale = 1 / degree\nfeatures0 = scale.sum()\nscale[scale == float('inf')] = 0",
+    # the raw value is used beside its cleaned copy
+    "raw_kept": "raw = 1 / degree\nscale = torch.nan_to_num(raw, posinf=0.0) + raw",
+}
+
+
+@pytest.mark.parametrize("case", sorted(USED_BEFORE))
+def test_an_infinity_used_before_or_beside_its_clean_up_is_still_tl901(warm_repro, case) -> None:
+    report, _ = warm_repro(CLEANED_TEMPLATE.format(cleanup=USED_BEFORE[case]))
+    found = [f for f in report.data["findings"] if f["code"] == "TL901"]
+    assert [f["line"] for f in found][:1] == [5], report.data["findings"]

@@ -221,6 +221,11 @@ def _event_text(
             f"**Mask** ({_when(event)}): {op} wrote {counts} here on purpose; an infinity "
             "used as a mask is not a finding unless it reaches the loss."
         )
+    if event.get("origin") == "cleaned":
+        return (
+            f"**Cleaned up** ({_when(event)}): {op} produced {counts} here, and the code replaced "
+            "them before anything else used them (`x[x == inf] = 0`, `nan_to_num`); not a finding."
+        )
     if event.get("origin") == "masked":
         return (
             f"**Origin** ({_when(event)}): {op} produced {counts} here from an input masked "

@@ -148,6 +148,13 @@ def _event_by_index(data: dict[str, Any], index: int | None) -> dict[str, Any] |
     return None
 
 
+# Non-finite values that are no finding, and why (the `origin` of docs/probe-report.md).
+_QUIET_ORIGINS = {
+    "mask": "an infinity written as a mask",
+    "cleaned": "replaced by the code before any use",
+}
+
+
 def _first_nonfinite(data: dict[str, Any], base: str, sources: ProjectSources) -> list[str]:
     nonfinite = data.get("nonfinite") or {}
     events = nonfinite.get("events") or []
@@ -158,6 +165,8 @@ def _first_nonfinite(data: dict[str, Any], base: str, sources: ProjectSources) -
     where = f"{_rel(event['filename'], base)}:{event['line']}:{event['column']}"
     lines = ["", f"first non-finite value: {event['phase']}, {where}"]
     note = first["message"].split(": ", 1)[-1] if first else event["op"]
+    if first is None and event.get("origin") in _QUIET_ORIGINS:
+        note = f"{event['op']} ({_QUIET_ORIGINS[event['origin']]}: not a finding)"
     lines += _caret(
         sources, event["filename"], event["line"], event["column"], event["end_column"], note
     )
