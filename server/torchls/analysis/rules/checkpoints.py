@@ -668,13 +668,21 @@ def _binding_values(facts: Facts, name: str, scope: ast.AST) -> list[ast.AST]:
     return found
 
 
-def _state_dict_owner(facts: Facts, value: ast.expr) -> ast.expr | None:
+def _state_dict_owner(facts: Facts, value: ast.expr, depth: int = 0) -> ast.expr | None:
     """`model` for a value `model.state_dict()` (or `model.module.state_dict()`), also when
-    it is saved only where the object exists (`sched.state_dict() if sched else None`)."""
+    it is saved only where the object exists (`sched.state_dict() if sched else None`) or
+    through a local name bound to such a value (`opt_state = opt.state_dict() if keep else
+    None`, then `"optimizer": opt_state`)."""
     if isinstance(value, ast.IfExp):
-        return _state_dict_owner(facts, value.body) or _state_dict_owner(facts, value.orelse)
+        return _state_dict_owner(facts, value.body, depth) or _state_dict_owner(
+            facts, value.orelse, depth
+        )
     if isinstance(value, ast.Call) and facts.method_name(value) == "state_dict":
         return facts.receiver(value)
+    if isinstance(value, ast.Name) and depth < 3:
+        bound = facts.binding_value(value)
+        if bound is not None:
+            return _state_dict_owner(facts, bound, depth + 1)
     return None
 
 
