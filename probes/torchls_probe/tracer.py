@@ -295,6 +295,16 @@ def _arguments(args: tuple, kwargs: dict) -> list[torch.Tensor] | None:
     return found
 
 
+def _has_graph(t: torch.Tensor) -> bool:
+    """Whether `t` has an autograd node. Asking a view made under `no_grad` and written in
+    place there (`nn.init.orthogonal_` does `w.view_as(q).copy_(q)`) raises instead: such a
+    view has no graph."""
+    try:
+        return t.grad_fn is not None
+    except RuntimeError:
+        return False
+
+
 def _storage(t: torch.Tensor) -> int | None:
     """Which memory `t` lives in (views and `.data` aliases share it); None if unknown."""
     try:
@@ -694,14 +704,17 @@ class Tracer(TorchFunctionMode):
             device = result.device
             if device not in self._devices:
                 self._note_devices(outputs)
-            graph = result.grad_fn is not None
+            try:
+                graph = result.grad_fn is not None
+            except RuntimeError:  # see `_has_graph`
+                graph = False
         else:
             outputs = tensors_in(result, self.max_outputs)
             if not outputs:
                 return
             key = (name, loc.col, loc.end_col, tuple(t.shape for t in outputs))
             self._note_devices(outputs)
-            graph = any(t.grad_fn is not None for t in outputs)
+            graph = any(_has_graph(t) for t in outputs)
         lines = trace.lines
         record = lines.lines.get(line_key)
         entry = record.entries.get(key) if record is not None else None

@@ -13,7 +13,10 @@ checks that the bounded repro neither breaks it nor reports something false abou
 - a graph network's degree normalisation (`inv = 1 / degree`, then `inv[inv == inf] = 0` for
   isolated nodes, also through a `sqrt` or with `torch.where`/`nan_to_num`) makes an infinity
   the code replaces at once: that is not TL901. An infinity used before the clean-up, or a raw
-  value used beside its cleaned copy, still is.
+  value used beside its cleaned copy, still is;
+- orthogonal initialisation (`nn.init.orthogonal_`, as normalizing-flow and RL scripts do it)
+  writes through a view made under `no_grad`, and asking that view for its autograd node
+  raises: the report must not carry a "probe error" note for it.
 """
 
 from __future__ import annotations
@@ -172,3 +175,28 @@ def test_an_infinity_used_before_or_beside_its_clean_up_is_still_tl901(warm_repr
     report, _ = warm_repro(CLEANED_TEMPLATE.format(cleanup=USED_BEFORE[case]))
     found = [f for f in report.data["findings"] if f["code"] == "TL901"]
     assert [f["line"] for f in found][:1] == [5], report.data["findings"]
+
+
+ORTHOGONAL_INIT = """\
+import torch
+from torch import nn
+
+body = nn.Sequential(nn.Linear(5, 5), nn.Tanh(), nn.Linear(5, 1))
+for layer in body.modules():
+    if isinstance(layer, nn.Linear):
+        nn.init.orthogonal_(layer.weight)
+opt = torch.optim.Adam(body.parameters(), lr=1e-3)
+for step in range(4):
+    loss = body(torch.randn(3, 5)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_orthogonal_initialisation_leaves_no_probe_error(warm_repro) -> None:
+    report, _ = warm_repro(ORTHOGONAL_INIT)
+    data = report.data
+    assert data["stopped_by"] == "steps"
+    assert not any("probe error" in note for note in data["notes"]), data["notes"]
+    assert [f for f in data["findings"] if f["severity"] != "information"] == []
