@@ -335,6 +335,8 @@ class Hooks:
     def got_batch(self, batch: Any) -> None:
         trace = self.trace
         trace.batches += 1
+        if not torch.is_grad_enabled():
+            trace.batches_without_grad += 1  # an evaluation pass (see `_note_short_of_steps`)
         trace.busy = True
         try:
             tensors = tensors_in(batch, 16)

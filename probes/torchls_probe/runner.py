@@ -312,6 +312,36 @@ def _note_data_pass(
     )
 
 
+def _note_short_of_steps(state: dict, request: Request, outcome: Outcome) -> None:
+    """The batch bound, which is the step count unless `--batches` was given, stopped a run
+    that had made an optimizer before it took that many steps: the script takes several
+    batches per step (gradient accumulation) or went through batches without stepping (an
+    evaluation pass). The run is complete as bounded, but what was asked (N steps) and what the
+    checks of an optimizer step need did not happen: say so, and how to go further."""
+    hooks, trace = state.get("hooks"), state.get("trace")
+    if request.batches is not None or hooks is None or trace is None:
+        return
+    if not hooks.optimizers_made or trace.steps >= request.steps:
+        return
+    evaluation = trace.batches_without_grad
+    why = (
+        f"{evaluation} of them taken without gradients (an evaluation pass)"
+        if evaluation
+        else "the script takes more than one batch per optimizer step (gradient accumulation?)"
+    )
+    unchecked = (
+        "; no optimizer step ran, so the gradients and updates were not checked"
+        if not trace.steps
+        else ""
+    )
+    outcome.notes.append(
+        f"the batch bound ({request.batch_cap} batches; without --batches it is the step count) "
+        "stopped the run after "
+        f"{trace.steps} of {request.steps} optimizer steps: {why}{unchecked}; pass --batches N "
+        "to let it reach the step bound"
+    )
+
+
 def _classify(error: BaseException, request: Request, outcome: Outcome, state: dict) -> None:
     trace = state.get("trace")
     user: UserCode | None = state.get("user")
@@ -325,6 +355,7 @@ def _classify(error: BaseException, request: Request, outcome: Outcome, state: d
         outcome.stopped_by = error.reason
         if error.reason == "batches":
             _note_data_pass(state, where, request, outcome)
+            _note_short_of_steps(state, request, outcome)
         return
     from torchls_probe.targets import SetupError
 

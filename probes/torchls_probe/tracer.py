@@ -377,6 +377,7 @@ class Trace:
         self.in_step = False
         self.steps = 0
         self.batches = 0
+        self.batches_without_grad = 0  # taken under `no_grad`/`inference_mode`
         self.backward_calls = 0
         self.last_step_at: float | None = None  # time.monotonic() after the last optimizer step
         self.backward_at_last_step = 0

@@ -16,7 +16,11 @@ checks that the bounded repro neither breaks it nor reports something false abou
   value used beside its cleaned copy, still is;
 - orthogonal initialisation (`nn.init.orthogonal_`, as normalizing-flow and RL scripts do it)
   writes through a view made under `no_grad`, and asking that view for its autograd node
-  raises: the report must not carry a "probe error" note for it.
+  raises: the report must not carry a "probe error" note for it;
+- the batch bound (the step count unless `--batches` is given) can stop a run before its
+  optimizer took the steps asked for: batches accumulated into one step, or a validation pass
+  between steps. The run stays `ok` (a bound held), but a note says how many steps ran, why,
+  and how to reach the step bound.
 """
 
 from __future__ import annotations
@@ -200,3 +204,52 @@ def test_orthogonal_initialisation_leaves_no_probe_error(warm_repro) -> None:
     assert data["stopped_by"] == "steps"
     assert not any("probe error" in note for note in data["notes"]), data["notes"]
     assert [f for f in data["findings"] if f["severity"] != "information"] == []
+
+
+SHORT_OF_STEPS = """\
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+train = DataLoader(TensorDataset(torch.randn(48, 3), torch.randn(48, 1)), batch_size=4)
+val = DataLoader(TensorDataset(torch.randn(16, 3), torch.randn(16, 1)), batch_size=4)
+model = nn.Linear(3, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+ACCUMULATE = {accumulate}
+for i, (x, y) in enumerate(train):
+    (nn.functional.mse_loss(model(x), y) / ACCUMULATE).backward()
+    if (i + 1) % ACCUMULATE == 0:
+        opt.step()
+        opt.zero_grad()
+        with torch.no_grad():
+            score = sum(nn.functional.mse_loss(model(a), b).item() for a, b in val)
+"""
+
+
+def _short_note(data: dict) -> list[str]:
+    return [n for n in data["notes"] if n.startswith("the batch bound") and "stopped" in n]
+
+
+def test_accumulated_batches_that_reach_the_batch_bound_first_are_noted(warm_repro) -> None:
+    report, _ = warm_repro(SHORT_OF_STEPS.format(accumulate=4), name="accumulate.py", steps=2)
+    data = report.data
+    assert (data["status"], data["stopped_by"]) == ("ok", "batches")
+    assert data["progress"]["optimizer_steps"] == 0
+    [note] = _short_note(data)
+    assert "after 0 of 2 optimizer steps" in note and "gradient accumulation" in note, note
+    assert "were not checked" in note and "--batches N" in note, note
+
+
+def test_a_validation_pass_that_reaches_the_batch_bound_is_noted(warm_repro) -> None:
+    report, _ = warm_repro(SHORT_OF_STEPS.format(accumulate=1), name="validate.py", steps=6)
+    data = report.data
+    assert (data["status"], data["stopped_by"]) == ("ok", "batches")
+    assert data["progress"]["optimizer_steps"] == 2, data["progress"]
+    [note] = _short_note(data)
+    assert "after 2 of 6 optimizer steps" in note and "4 of them taken without gradients" in note
+
+
+def test_no_note_when_the_batch_bound_was_asked_for(warm_repro) -> None:
+    report, _ = warm_repro(SHORT_OF_STEPS.format(accumulate=4), name="asked.py", steps=2, batches=3)
+    assert report.data["stopped_by"] == "batches"
+    assert _short_note(report.data) == []
