@@ -449,6 +449,11 @@ class ModeAnalysis:
                     return {**state, receiver_key: UNKNOWN}
                 mode = "train" if flag.value else "eval"
             return {**state, receiver_key: frozenset({ModeFact(mode, call)})}
+        if function is not None and _own_helper_method(call, function):
+            # `self.train_one_epoch(loader)`: a method of the module's own class, not a
+            # submodule it runs; what the method runs is judged inside it.
+            called_key = None
+            is_model = False
         if called_key is not None and called_key not in state:
             called_key = _owning_key(called_key, state) or called_key
         if (called_key is not None and called_key in state) or is_model:
@@ -599,6 +604,19 @@ class ModeAnalysis:
         effect = {key: facts_ for key, facts_ in end.items() if facts_ != sentinel}
         self._effects[function] = effect
         return effect
+
+
+def _own_helper_method(call: ast.Call, function: FunctionNode) -> bool:
+    """`self.<method>(...)` resolving to a method other than `forward`/`__call__` (those
+    run the module itself)."""
+    func = call.func
+    return (
+        isinstance(func, ast.Attribute)
+        and isinstance(func.value, ast.Name)
+        and func.value.id == "self"
+        and func.attr == function.name
+        and function.name not in ("forward", "__call__")
+    )
 
 
 def _type_tested_key(facts: Facts, test: ast.expr) -> str | None:

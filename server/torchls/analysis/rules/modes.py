@@ -488,6 +488,9 @@ def train_mode_not_restored(facts: Facts) -> Iterator[Hit]:
     found (`was_training = model.training` ... `model.train(was_training)`) are not reported,
     nor is an `eval()` (or `train(False)`) chosen on purpose by one arm of an `if` whose other
     arm calls `train()` (`if finetune: model.train() else: model.eval()`, a frozen backbone).
+    A method of the module's own class called from its epoch loop (`self.run_train_epoch(
+    loader)`) is a helper, not the module running: the mode that matters is the one the
+    method's own forwards see (`self.train()` as its first statement restores it).
 
     ## Why it is wrong
     In eval mode dropout is off and batch-norm uses frozen running statistics, so every epoch
