@@ -255,6 +255,7 @@ class Hooks:
 
     def optimizer_made(self, optimizer: torch.optim.Optimizer) -> None:
         self.optimizers_made += 1
+        self.roots.optimizer_made(optimizer)
         trace = self.trace
         was_busy, trace.busy = trace.busy, True
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,9 @@ class Roots:
     zero_grad: dict[str, Location | None] = field(default_factory=dict)
     checked_optimizers: set[int] = field(default_factory=set)
     got_grad: set[int] = field(default_factory=set)  # parameters a complete backward reached
+    # Every optimizer made, stepped or not yet (weakly: a script may make one per epoch): a
+    # generator whose optimizer steps after the critic's first steps is not "in no optimizer".
+    made: list[weakref.ref] = field(default_factory=list)
 
     def add_model(self, module: torch.nn.Module, where: Location | None) -> bool:
         if any(m is module for m in self.models):
@@ -41,6 +45,10 @@ class Roots:
         if where is not None:
             self.first_call[id(module)] = where
         return True
+
+    def optimizer_made(self, optimizer: torch.optim.Optimizer) -> None:
+        if len(self.made) < 256:
+            self.made.append(weakref.ref(optimizer))
 
     def add_optimizer(self, optimizer: torch.optim.Optimizer, where: Location | None) -> bool:
         if any(o is optimizer for o in self.optimizers):
@@ -83,16 +91,22 @@ class Roots:
                 self.without_grad.setdefault(name, definition(model, name, self.user))
 
     def not_in_optimizer(self, copied_from: dict[int, int] | None = None) -> dict[str, Any]:
-        """Trainable parameters of the models seen that no optimizer holds, less two kinds of
-        model that are meant to be outside every optimizer: one whose weights are copied from
-        parameters an optimizer holds (a DQN's target network, `target.load_state_dict(
-        online.state_dict())`; `copied_from` maps written memory to its source), and, once a
-        backward reached some parameter, one no backward reached (a teacher, an EMA or target
-        model run under `no_grad` or detached). A model left out of the optimizer by mistake
-        still gets its gradients, and is still reported."""
+        """Trainable parameters of the models seen that no optimizer made holds (one that has
+        not stepped yet within the bound counts), less two kinds of model that are meant to be
+        outside every optimizer: one whose weights are copied from parameters an optimizer
+        holds (a DQN's target network, `target.load_state_dict(online.state_dict())`;
+        `copied_from` maps written memory to its source), and, once a backward reached some
+        parameter, one no backward reached (a teacher, an EMA or target model run under
+        `no_grad` or detached). A model left out of the optimizer by mistake still gets its
+        gradients, and is still reported."""
         if not self.optimizers:
             return {}
-        held_params = [p for o in self.optimizers for g in o.param_groups for p in g["params"]]
+        made = [o for ref in self.made if (o := ref()) is not None]
+        optimizers = [
+            *self.optimizers,
+            *(o for o in made if all(o is not s for s in self.optimizers)),
+        ]
+        held_params = [p for o in optimizers for g in o.param_groups for p in g["params"]]
         held = {id(p) for p in held_params}
         held_memory = {_pointer(p) for p in held_params} if copied_from else set()
         copies = copied_from or {}

@@ -9,7 +9,8 @@ checks that the bounded repro neither breaks it nor reports something false abou
 - a target network (a DQN's, filled with `target.load_state_dict(online.state_dict())`, or
   deep-copied and run under `no_grad` as TD3 does) and a frozen teacher are outside every
   optimizer on purpose: TL902 "in no optimizer, so it is never updated" is false for them. A
-  model left out of the optimizer by mistake (it still gets gradients) is still reported;
+  model left out of the optimizer by mistake (it still gets gradients) is still reported, and a
+  generator whose optimizer has not stepped yet when the critic's steps reach the bound is not;
 - a graph network's degree normalisation (`inv = 1 / degree`, then `inv[inv == inf] = 0` for
   isolated nodes, also through a `sqrt` or with `torch.where`/`nan_to_num`) makes an infinity
   the code replaces at once: that is not TL901. An infinity used before the clean-up, or a raw
@@ -253,3 +254,33 @@ def test_no_note_when_the_batch_bound_was_asked_for(warm_repro) -> None:
     report, _ = warm_repro(SHORT_OF_STEPS.format(accumulate=4), name="asked.py", steps=2, batches=3)
     assert report.data["stopped_by"] == "batches"
     assert _short_note(report.data) == []
+
+
+CRITIC_FIRST = """\
+import torch
+from torch import nn
+
+gen = nn.Linear(2, 3)
+critic = nn.Linear(3, 1)
+opt_c = torch.optim.Adam(critic.parameters(), lr=1e-4)
+opt_g = torch.optim.Adam(gen.parameters(), lr=1e-4)
+for i in range(12):
+    z = torch.randn(8, 2)
+    loss_c = critic(gen(z)).mean() + critic(torch.randn(8, 3)).pow(2).mean()
+    opt_c.zero_grad()
+    loss_c.backward()  # reaches the generator too: it is not detached
+    opt_c.step()
+    if i % 5 == 4:
+        loss_g = -critic(gen(z)).mean()
+        opt_g.zero_grad()
+        loss_g.backward()
+        opt_g.step()
+"""
+
+
+def test_a_model_whose_optimizer_has_not_stepped_yet_is_not_tl902(warm_repro) -> None:
+    report, _ = warm_repro(CRITIC_FIRST, steps=2)
+    data = report.data
+    assert data["progress"]["optimizer_steps"] == 2
+    assert data["parameters"]["not_in_optimizer"] == [], data["parameters"]
+    assert [f for f in data["findings"] if f["code"] == "TL902"] == [], data["findings"]
