@@ -8,7 +8,8 @@ from an installed package, a factory, `torchvision.models.resnet18()`) counts as
 
 In: a `Facts` and the expression that names the model. Out: `mode_sensitive(facts, expr)`:
 False only when every layer of the model is known and none depends on the mode;
-`built_mode_sensitive(facts, call)`, the same for the module a constructor call builds.
+`built_mode_sensitive(facts, call)`, the same for the module a constructor call builds;
+`runs_no_module(facts, call)`: the module a constructor builds runs nothing it holds.
 """
 
 from __future__ import annotations
@@ -220,3 +221,80 @@ def _recurrent_dropout(call: ast.Call) -> bool | None:
     if len(call.args) > 5:
         return None  # dropout passed by position
     return False
+
+
+def runs_no_module(facts: Facts, call: ast.Call) -> bool:
+    """The module the constructor call `call` builds (a project `nn.Module` subclass) runs
+    nothing it holds: its `forward`, and the methods of its own that `forward` calls, never
+    call a held object (`self.net(x)`, a local bound to one), never read `self.training`
+    and use no functional dropout or batch-norm. Such a module (a target smoother, a mask
+    builder written as a module) computes the same thing in train and eval mode whatever
+    it holds; it is a function in module form, not a model."""
+    found = facts.module_class_of_call(call)
+    if found is None:
+        return False
+    owner, info = found
+    if any(
+        not (base.endswith("nn.Module") or base == "torch.nn.modules.module.Module")
+        for base in info.bases
+    ):
+        return False  # an in-file or library base may run layers of its own in forward
+    forward = info.methods.get("forward")
+    return forward is not None and _method_runs_nothing(owner, info, forward, set())
+
+
+def _method_runs_nothing(facts: Facts, info: ClassInfo, method: ast.AST, seen: set) -> bool:
+    if id(method) in seen:
+        return True
+    if len(seen) > MAX_DEPTH:
+        return False
+    seen.add(id(method))
+    bindings = facts.assignments.get(method, {})  # parameters and locals of the method
+    for node in facts.walk_local(method):
+        if isinstance(node, ast.Attribute) and node.attr == "training":
+            return False
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        qualname = facts.call_qualname(node) or ""
+        if qualname.startswith("torch.nn.functional.") and (
+            "dropout" in qualname or "batch_norm" in qualname
+        ):
+            return False
+        if isinstance(func, ast.Name):
+            if func.id in bindings or facts.called_function(node) is not None:
+                return False  # a parameter, a local or a project function: may run a module
+            continue
+        if not isinstance(func, ast.Attribute):
+            return False  # `self.blocks[i](x)`, `getattr(self, name)(x)`: out of sight
+        receiver = func.value
+        if isinstance(receiver, ast.Name) and receiver.id == "self":
+            own = info.methods.get(func.attr)
+            if own is None or not _method_runs_nothing(facts, info, own, seen):
+                return False  # `self.net(x)`: a held object runs
+            continue
+        root = receiver
+        while isinstance(root, (ast.Attribute, ast.Subscript, ast.Call)):
+            root = root.func if isinstance(root, ast.Call) else root.value
+        if not isinstance(root, ast.Name):
+            if any(isinstance(n, ast.Call) for n in ast.walk(root)):
+                return False
+            continue  # `(gold == self.pad_id).unsqueeze(1)`: a method of a computed tensor
+        if root.id == "self":
+            return False  # `self.net.encode(x)`: a method of something held
+        if func.attr in ("forward", "__call__"):
+            return False  # `block.forward(x)` on whatever a local holds
+        for binding in bindings.get(root.id, ()):
+            value = binding.value
+            if value is None or binding.loop is not None:
+                continue  # an input of the method (or a loop over one): its tensor methods
+            if isinstance(value, ast.Call) and _builds_tensor(facts, value):
+                continue  # `out = torch.zeros(...)`: a tensor of its own
+            if any(isinstance(n, ast.Name) and n.id == "self" for n in ast.walk(value)):
+                return False  # `net = self.net; net.encode(x)`: a method of something held
+    return True
+
+
+def _builds_tensor(facts: Facts, call: ast.Call) -> bool:
+    qualname = facts.call_qualname(call) or ""
+    return qualname.startswith("torch.") and not qualname.startswith("torch.nn.")

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from torchls.analysis.facts import EVAL_FUNCTION_RE, Facts
 from torchls.analysis.findings import Fix
-from torchls.analysis.layers import built_mode_sensitive, mode_sensitive
+from torchls.analysis.layers import built_mode_sensitive, mode_sensitive, runs_no_module
 from torchls.analysis.modes import ModeAnalysis, analyse_modes
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._edits import (
@@ -178,7 +178,9 @@ def eval_without_eval_mode(facts: Facts) -> Iterator[Hit]:
     is not reported; nor is one of torch's own layers that ignores the mode
     (`up = nn.Upsample(size)`), whatever it is run on. A model handed back by an in-file
     function that switched it before returning it (`net.eval(); return net` in a checkpoint
-    loader) is in the mode that function left it in.
+    loader) is in the mode that function left it in. A module of the project whose forward
+    runs nothing it holds (a target smoother or mask builder written as an `nn.Module`) has
+    no layer for eval() to switch and is not reported either.
 
     ## Why it is wrong
     In training mode dropout keeps dropping units and batch-norm normalises with the current
@@ -225,6 +227,8 @@ def eval_without_eval_mode(facts: Facts) -> Iterator[Hit]:
             continue  # a mode-free loss or metric module run on the model's outputs
         if _torch_layer_without_mode(facts, call, modes):
             continue  # `nn.Upsample(...)` itself: eval() can never change what it computes
+        if _function_module(facts, modes):
+            continue  # a target smoother written as a module: it runs nothing it holds
         edits = [insert_line_before(facts, context, f"{key}.eval()")]  # type: ignore[arg-type]
         if any(
             facts.node_reaches(outer, facts.is_backward) for outer in facts.enclosing_loops(context)
@@ -254,6 +258,20 @@ def _mode_free(facts: Facts, call: ast.Call, modes: frozenset) -> bool:
         and setter in facts.parents
         and facts.method_name(setter) not in ("train", "eval")
         and not built_mode_sensitive(facts, setter)
+        for setter in built
+    )
+
+
+def _function_module(facts: Facts, modes: frozenset) -> bool:
+    """Every mode fact of the module comes from its construction here, and what each
+    constructor builds runs nothing it holds (`LabelSmoothing(eps, pad, vocab)`, whose
+    forward only fills a tensor): there is no layer whose behaviour eval() could change."""
+    built = [fact.setter for fact in modes]
+    return bool(built) and all(
+        isinstance(setter, ast.Call)
+        and setter in facts.parents
+        and facts.method_name(setter) not in ("train", "eval")
+        and runs_no_module(facts, setter)
         for setter in built
     )
 
@@ -334,6 +352,8 @@ def _flag_evaluations(facts: Facts) -> Iterator[Hit]:
                 continue
             modes = entry[key]
             if not modes or any(fact.mode not in ("train", "default") for fact in modes):
+                continue
+            if _function_module(facts, modes):
                 continue
             if (id(function), key) in reported:
                 continue
