@@ -455,7 +455,7 @@ class _Session:
         self.workspace: Workspace | None = None
         self.view: ProjectView | None = None
         if options.root is not None:
-            self.workspace = Workspace(options.root, overlay=self.recorder)
+            self.workspace = Workspace(options.root, overlay=self.recorder, share_parses=True)
             self.view = ProjectView(self.workspace)
 
     @classmethod

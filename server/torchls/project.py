@@ -14,7 +14,9 @@ In: the analysis `Workspace` and its root folder. Out:
 
 from __future__ import annotations
 
+import os
 import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,6 +27,9 @@ from torchls.cache import MISSING, digest
 
 if TYPE_CHECKING:
     from torchls.analysis.facts import Facts
+
+# Texts of other project files a recorder keeps (most recently read first out last).
+TEXTS_KEPT = 256
 
 
 class ProjectView(CachedView):
@@ -37,26 +42,50 @@ class ProjectView(CachedView):
 
 
 class ReadRecorder:
-    """A `Workspace` overlay: reads other project files itself and remembers their hashes."""
+    """A `Workspace` overlay: reads other project files itself and remembers their hashes.
+
+    One check asks for the same imported module thousands of times: a file whose size, inode
+    and modification time (in nanoseconds) are those of its last read is answered with the
+    text of that read (the same string object, so the workspace knows its facts are current)
+    instead of being read, hashed and decoded again."""
 
     def __init__(self) -> None:
         self.digests: dict[str, str] = {}  # resolved path → digest of the bytes read
         self._lock = threading.Lock()
+        self._texts: OrderedDict[str, tuple[tuple[int, int, int, int], str | None]] = OrderedDict()
 
     def __call__(self, path: Path) -> str | None:
         key = str(path)
+        try:
+            status = os.stat(path)
+        except OSError:
+            status = None
+        if status is not None:
+            stamp = (status.st_mtime_ns, status.st_size, status.st_ino, status.st_dev)
+            with self._lock:
+                known = self._texts.get(key)
+                if known is not None and known[0] == stamp and key in self.digests:
+                    self._texts.move_to_end(key)
+                    return known[1]
         try:
             data = path.read_bytes()
         except OSError:
             with self._lock:
                 self.digests[key] = MISSING
+                self._texts.pop(key, None)
             return None
+        try:
+            text: str | None = decode_source(data)
+        except SourceError:
+            text = None  # the workspace finds it unreadable too
         with self._lock:
             self.digests[key] = digest(data)
-        try:
-            return decode_source(data)
-        except SourceError:
-            return None  # the workspace finds it unreadable too
+            if status is not None:
+                self._texts[key] = (stamp, text)
+                self._texts.move_to_end(key)
+                while len(self._texts) > TEXTS_KEPT:
+                    self._texts.popitem(last=False)
+        return text
 
 
 class ReadGraph:

@@ -4,7 +4,10 @@ optimizer, loader wrappers, collectives in helpers)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+import pytest
 
 from torchls.analysis import Workspace, analyze
 from torchls.analysis.index import ProjectIndex
@@ -300,6 +303,32 @@ def test_a_helper_summarised_without_the_project_does_not_answer_for_the_project
     assert found(tmp_path, "launcher.py", "TL301") == [(8, "TL301")]
     analyze(engine, str(tmp_path / "engine.py"))  # in-file only: the helper is not followed
     assert found(tmp_path, "launcher.py", "TL301") == [(8, "TL301")]
+
+
+def test_a_module_changed_on_disk_is_read_again_and_an_unchanged_one_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(tmp_path, {"engine.py": ENGINE})
+    engine = tmp_path / "engine.py"
+    workspace = Workspace(tmp_path)
+    first = workspace.facts_for(engine)
+    assert first is not None
+    reads: list[Path] = []
+    real_read = Workspace.text_of
+
+    def counting(self: Workspace, path: Path) -> str | None:
+        reads.append(path)
+        return real_read(self, path)
+
+    monkeypatch.setattr(Workspace, "text_of", counting)
+    assert workspace.facts_for(engine) is first
+    assert reads == []  # same size, inode and modification time: not even read
+    engine.write_text(ENGINE.replace("optimizer.step()", "optimizer.zero_grad()"))
+    status = engine.stat()
+    os.utime(engine, ns=(status.st_atime_ns, status.st_mtime_ns + 1_000_000))
+    again = workspace.facts_for(engine)
+    assert again is not None and again is not first and reads == [engine.resolve()]
+    assert not again.summary(again.functions["train_step"]).steps_optimizer
 
 
 def test_model_class_reached_as_a_module_attribute(tmp_path: Path) -> None:

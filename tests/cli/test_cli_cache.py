@@ -276,3 +276,61 @@ def test_fix_applies_fixes_to_files_whose_findings_came_from_the_cache(project: 
     assert project.codes("--select", "TL101", "train.py") == []
     path.write_text(BUGGY, encoding="utf-8")  # back to the buggy text: its entry is gone
     assert project.codes("--select", "TL101", "train.py") == ["TL101"]
+
+
+# --- one read and one parse per file version --------------------------------------------------
+
+
+def test_a_project_check_parses_each_file_once_and_finds_what_separate_analyses_find(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # train.py imports models.py and both are checked: the module's own check and the import
+    # followed into it stand on one parse (and one syntax index), which changes nothing found.
+    from torchls.analysis import Workspace, analyze
+    from torchls.analysis import source as source_module
+
+    shutil.copytree(EXAMPLES / "two_files", tmp_path / "project")
+    root = tmp_path / "project"
+    (root / "pyproject.toml").write_text("", encoding="utf-8")
+    files = [root / "models.py", root / "train.py"]
+    separate = {}
+    for path in files:
+        result = analyze(path.read_bytes(), str(path), workspace=Workspace(root))
+        separate[path.name] = [(f.code, f.span.start.row) for f in result.findings]
+    assert separate["train.py"], "the example has findings that follow the import"
+
+    parsed: list[str] = []
+    real_parse = source_module.parse_source
+
+    def counting(text: str):
+        parsed.append(text)
+        return real_parse(text)
+
+    monkeypatch.setattr(source_module, "parse_source", counting)
+    options = CheckOptions(root=root, jobs=1, cache=False)
+    reports = check_paths(files, ConfigResolver(root / "pyproject.toml"), options)
+    together = {
+        Path(report.filename).name: [(f.code, f.span.start.row) for f in report.findings]
+        for report in reports
+    }
+    assert together == separate
+    assert sorted(parsed) == sorted(path.read_text(encoding="utf-8") for path in files)
+
+
+def test_the_read_recorder_reads_a_file_again_only_when_it_changed(tmp_path: Path) -> None:
+    from torchls.cache import MISSING
+    from torchls.project import ReadRecorder
+
+    recorder = ReadRecorder()
+    module = tmp_path / "helpers.py"
+    module.write_text("scale = 1\n", encoding="utf-8")
+    first = recorder(module)
+    assert first == "scale = 1\n"
+    assert recorder(module) is first  # not read, hashed and decoded again
+    before = recorder.digests[str(module)]
+    module.write_text("scale = 22\n", encoding="utf-8")
+    assert recorder(module) == "scale = 22\n"
+    assert recorder.digests[str(module)] != before
+    module.unlink()
+    assert recorder(module) is None
+    assert recorder.digests[str(module)] == MISSING

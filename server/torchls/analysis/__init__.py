@@ -114,7 +114,13 @@ def _analyze(
         text = decode_source(source) if isinstance(source, bytes) else source
         from torchls.analysis.source import reparse
 
-        parsed = reparse(previous, text)
+        project = workspace.workspace if isinstance(workspace, CachedView) else workspace
+        shared = project is not None and getattr(project, "share_parses", False)
+        if previous is None and shared and not filename.startswith("<"):
+            # The parse that files importing this one may already have made (or will make).
+            parsed = project.parsed(filename, text)
+        else:
+            parsed = reparse(previous, text)
         rules = [r for r in all_rules() if enabled is None or enabled(r.code)]
         facts = build_facts(parsed, filename, workspace)
         silenced = noqa_map(parsed.lines) if respect_noqa else {}

@@ -143,7 +143,11 @@ class Facts(IndexQueries, KindQueries, ValueQueries, FlowQueries, SummaryQueries
         self._argument_values: dict[int, tuple[list[ast.expr], ast.expr | None]] = {}
         self._function_parameters: dict[ast.AST, set[str]] = {}
         self._argument_value_of: dict[ast.Name, ast.expr | None] = {}
-        self._collect()
+        if not self._reuse_index():
+            self._collect()
+            project = getattr(workspace, "workspace", workspace)
+            if getattr(project, "share_parses", False):
+                self._keep_index()
         self.adopt_star_imports()
 
     def release(self) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -29,6 +30,7 @@ from torchls.analysis.index import ProjectIndex
 
 if TYPE_CHECKING:
     from torchls.analysis.facts import Facts
+    from torchls.analysis.source import ParsedSource
 
 # Top-level modules that are never the user's project: no need to ask jedi about them.
 LIBRARY_ROOTS = {
@@ -84,9 +86,17 @@ def _digest(text: str) -> str:
 class Workspace:
     """The project the analysed files belong to; thread-safe, caches per file content."""
 
-    def __init__(self, root: str | Path | None = None, overlay: Overlay | None = None) -> None:
+    def __init__(
+        self,
+        root: str | Path | None = None,
+        overlay: Overlay | None = None,
+        share_parses: bool = False,
+    ) -> None:
         self.root = Path(root).resolve() if root else None
         self.overlay = overlay
+        # A project check parses each module once for its own check and once for the files
+        # that import it: with this, both stand on one parse (and one syntax index).
+        self.share_parses = share_parses
         self._lock = threading.RLock()
         # Least recently used first; at most FACTS_LIMIT files (a full tree and index each).
         self._facts: OrderedDict[Path, tuple[str, Facts]] = OrderedDict()
@@ -97,6 +107,11 @@ class Workspace:
         # text, so typing elsewhere in the file keeps the answer.
         self._answers: dict[tuple[Path, str, str], tuple[Path, int] | None] = {}
         self._dependents: dict[Path, set[Path]] = {}
+        self._real: dict[str | Path, Path] = {}
+        # Least recently used first, as `_facts`: the parse of each file version.
+        self._parses: OrderedDict[Path, tuple[str, ParsedSource]] = OrderedDict()
+        # File -> (its stat stamp, the digest of the text read under that stamp).
+        self._stamps: dict[Path, tuple[tuple[int, int, int, int], str]] = {}
         self._scripts: dict[Path, tuple[str, object]] = {}
         self._project = None
         self._depth = threading.local()
@@ -121,13 +136,49 @@ class Workspace:
         except SourceError:
             return None
 
+    def real_path(self, path: str | Path) -> Path:
+        """`path` with its links resolved, remembered until `invalidate()`: the same few files
+        are named thousands of times in one check, and each resolution asks the file system
+        about every folder on the way."""
+        known = self._real.get(path)
+        if known is None:
+            known = self._real[path] = Path(path).resolve()
+        return known
+
     def facts_for(self, path: Path) -> Facts | None:
         """The facts of another project file, rebuilt only when its content changed."""
-        path = path.resolve()
-        text = self.text_of(path)
+        path = self.real_path(path)
+        overlaid = self.overlay(path) if self.overlay is not None else None
+        stamp = None
+        if overlaid is not None:
+            with self._lock:
+                cached = self._facts.get(path)
+                # The overlay handed back the very text these facts were built from.
+                if cached is not None and cached[1].source.text is overlaid:
+                    self._facts.move_to_end(path)
+                    return cached[1]
+        else:
+            # A file whose size, inode and modification time (in nanoseconds) are those of
+            # the version already hashed is not read and hashed again.
+            try:
+                status = os.stat(path)
+            except OSError:
+                return None
+            stamp = (status.st_mtime_ns, status.st_size, status.st_ino, status.st_dev)
+            with self._lock:
+                known = self._stamps.get(path)
+                cached = self._facts.get(path)
+                if known is not None and known[0] == stamp and cached is not None:
+                    if cached[0] == known[1]:
+                        self._facts.move_to_end(path)
+                        return cached[1]
+        text = overlaid if overlaid is not None else self.text_of(path)
         if text is None:
             return None
         digest = _digest(text)
+        if stamp is not None:
+            with self._lock:
+                self._stamps[path] = (stamp, digest)
         with self._lock:
             cached = self._facts.get(path)
             if cached is not None and cached[0] == digest:
@@ -136,10 +187,10 @@ class Workspace:
             if cached is not None:
                 self._evict(path)  # changed on disk: its importers' memos point at the old
         from torchls.analysis.facts import build_facts
-        from torchls.analysis.source import SourceError, parse_source
+        from torchls.analysis.source import SourceError
 
         try:
-            facts = build_facts(parse_source(text), str(path), self)
+            facts = build_facts(self.parsed(path, text, digest), str(path), self)
         except (SourceError, RecursionError):
             return None
         with self._lock:
@@ -148,6 +199,30 @@ class Workspace:
             while len(self._facts) > FACTS_LIMIT:
                 self._evict(next(iter(self._facts)))
         return facts
+
+    def parsed(self, path: str | Path, text: str, digest: str | None = None) -> ParsedSource:
+        """The parse of `text`, the content of `path`: one parse per file version, shared by
+        the file's own check and by every file that follows an import into it (a project
+        check reads each module both ways). Syntax trees are never changed by the analysis,
+        so two facts can stand on one. Raises `SourceError` as `parse_source` does."""
+        from torchls.analysis.source import parse_source
+
+        if not self.share_parses:
+            return parse_source(text)
+        real = self.real_path(path)
+        digest = digest if digest is not None else _digest(text)
+        with self._lock:
+            cached = self._parses.get(real)
+            if cached is not None and cached[0] == digest:
+                self._parses.move_to_end(real)
+                return cached[1]
+        parsed = parse_source(text)
+        with self._lock:
+            self._parses[real] = (digest, parsed)
+            self._parses.move_to_end(real)
+            while len(self._parses) > FACTS_LIMIT:
+                self._parses.popitem(last=False)
+        return parsed
 
     def _evict(self, path: Path) -> None:
         """Drop the facts of `path` and of every cached file whose memos may point into them
@@ -188,10 +263,17 @@ class Workspace:
                 self._facts.clear()
                 self._scripts.clear()
                 self._answers.clear()
+                self._real.clear()
+                self._stamps.clear()
+                self._parses.clear()
                 self.index.forget()
             else:
-                self._evict(Path(path).resolve())
-                self._scripts.pop(Path(path).resolve(), None)
+                real = Path(path).resolve()
+                self._evict(real)
+                self._scripts.pop(real, None)
+                self._stamps.pop(real, None)
+                self._parses.pop(real, None)
+                self._real.clear()
                 # A file that appeared or vanished can change where any import points.
                 self._answers.clear()
                 self.index.forget()
@@ -202,7 +284,7 @@ class Workspace:
         if self.root is None:
             return True
         try:
-            path.resolve().relative_to(self.root)
+            self.real_path(path).relative_to(self.root)
         except ValueError:
             return False
         return True
@@ -217,7 +299,7 @@ class Workspace:
         """Files whose analysis followed a name into `path` (they need re-checking when it
         changes)."""
         with self._lock:
-            return set(self._dependents.get(Path(path).resolve(), ()))
+            return set(self._dependents.get(self.real_path(path), ()))
 
     def resolve(
         self, facts: Facts, local_name: str, view: CachedView | None = None
@@ -232,7 +314,7 @@ class Workspace:
         depth = getattr(self._depth, "value", 0)
         if depth >= MAX_FOLLOW_DEPTH:
             return None
-        path = Path(facts.filename).resolve()
+        path = self.real_path(facts.filename)
         indexed = self._resolve_by_index(path, imported, depth, view)
         if indexed is not None:
             return indexed or None
@@ -308,7 +390,7 @@ class Workspace:
         depth = getattr(self._depth, "value", 0)
         if depth >= MAX_FOLLOW_DEPTH:
             return None
-        path = Path(facts.filename).resolve()
+        path = self.real_path(facts.filename)
         located = self.index.locate(path, imported)
         if located is None or located[1] is not None or not self.contains(located[0]):
             return None

@@ -67,6 +67,9 @@ class ParsedSource:
     tree: ast.Module
     blanked_rows: set[int] = field(default_factory=set)
     syntax_errors: list[SyntaxProblem] = field(default_factory=list)
+    # The syntax index of `tree` (see `queries/index.py`), once some facts have built it: it
+    # depends on the tree alone, so other facts over this same parse reuse it.
+    index: object | None = field(default=None, repr=False, compare=False)
 
     def column(self, row: int, utf8_offset: int) -> int:
         """Code-point column of a UTF-8 byte offset on 1-based `row`."""

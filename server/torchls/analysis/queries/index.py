@@ -32,6 +32,22 @@ _LEAF_FIELDS = frozenset(
     | {"is_async", "type_comment", "kind", "rest", "kwd_attrs"}
 )
 _CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+# What `_collect` builds from the tree alone (`imports` aside, see `_keep_index`).
+_SHARED_TABLES = (
+    "parents",
+    "import_positions",
+    "star_modules",
+    "functions",
+    "classes",
+    "calls",
+    "loops",
+    "assignments",
+    "scope_of_node",
+    "scope_nodes",
+    "calls_by_statement",
+    "calls_by_scope",
+    "local_functions",
+)
 # Where a walk up from a statement stops looking for the `if` around it.
 _SCOPE_STOPS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.Module)
 
@@ -113,6 +129,27 @@ class IndexQueries:
                     else:
                         self._note(child, scope, klass)
                     stack.append((child, child_scope, child_class, child_statement))
+
+    def _keep_index(self) -> None:
+        """Leave the tables `_collect` built on the parse, for other facts over the same
+        parse (a project check: the file's own facts and those of the files importing it).
+        They are read-only from here on; only `imports` is extended afterwards (star
+        imports, which depend on the workspace), so the kept copy is taken before that."""
+        self.source.index = (
+            {name: getattr(self, name) for name in _SHARED_TABLES},
+            dict(self.imports),
+        )
+
+    def _reuse_index(self) -> bool:
+        """Take the tables another facts over this parse built (see `_keep_index`)."""
+        kept = self.source.index
+        if kept is None:
+            return False
+        tables, imports = kept  # type: ignore[misc]
+        for name, table in tables.items():
+            setattr(self, name, table)
+        self.imports = dict(imports)
+        return True
 
     def _register_function(self, node: FunctionNode, klass: ast.ClassDef | None) -> None:
         if klass is not None:
