@@ -867,25 +867,64 @@ def _state_dict_value(facts: Facts, expr: ast.AST, depth: int = 0) -> bool:
 
 def _filtered_to_own_keys(facts: Facts, state: ast.AST) -> bool:
     """`{k: v for k, v in sd.items() if k in model_dict}` with `model_dict` a module's
-    `state_dict()`: every key loaded exists in the model, so nothing is unexpected and what
-    is missing was left out on purpose."""
-    value = facts.binding_value(state) if isinstance(state, ast.Name) else state
+    `state_dict()`, or `if model.state_dict()[k].numel() == v.numel()` (which raises on a key
+    the model lacks): every key loaded exists in the model, so nothing is unexpected and what
+    is missing was left out on purpose. Also through `ckpt["model"] = {...}` assigned just
+    before in the same function."""
+    if isinstance(state, ast.Name):
+        value = facts.binding_value(state)
+    elif isinstance(state, ast.Subscript):
+        value = _item_assigned_before(facts, state)
+    else:
+        value = state
     if not isinstance(value, ast.DictComp) or len(value.generators) != 1:
         return False
     key = value.key
+    if not isinstance(key, ast.Name):
+        return False
     for condition in value.generators[0].ifs:
         for test in ast.walk(condition):
             if (
                 isinstance(test, ast.Compare)
                 and len(test.ops) == 1
                 and isinstance(test.ops[0], ast.In)
-                and isinstance(key, ast.Name)
                 and isinstance(test.left, ast.Name)
                 and test.left.id == key.id
                 and _state_dict_value(facts, test.comparators[0])
             ):
                 return True
+            if (
+                isinstance(test, ast.Subscript)
+                and isinstance(test.slice, ast.Name)
+                and test.slice.id == key.id
+                and _state_dict_value(facts, test.value)
+            ):
+                return True  # `model.state_dict()[k]`: a KeyError for any key not in it
     return False
+
+
+def _item_assigned_before(facts: Facts, item: ast.Subscript) -> ast.expr | None:
+    """For `ckpt["model"]`: the value of the last `ckpt["model"] = ...` before it in its own
+    function, when the container is a plain name and the key a constant."""
+    if not (isinstance(item.value, ast.Name) and isinstance(item.slice, ast.Constant)):
+        return None
+    scope = facts.scope(item)
+    found: ast.expr | None = None
+    found_at = (0, 0)
+    for node in facts.walk_local(scope):
+        if not isinstance(node, ast.Assign) or len(node.targets) != 1:
+            continue
+        target = node.targets[0]
+        if (
+            isinstance(target, ast.Subscript)
+            and isinstance(target.value, ast.Name)
+            and target.value.id == item.value.id
+            and isinstance(target.slice, ast.Constant)
+            and target.slice.value == item.slice.value
+            and found_at < (node.lineno, node.col_offset) < (item.lineno, item.col_offset)
+        ):
+            found, found_at = node.value, (node.lineno, node.col_offset)
+    return found
 
 
 _REPORTERS = {"print", "info", "warning", "warn", "debug", "log", "write", "echo", "error"}
@@ -998,7 +1037,9 @@ def load_state_dict_not_strict_unchecked(facts: Facts) -> Iterator[Hit]:
     ## What it catches
     `model.load_state_dict(state, strict=False)` used as a statement, so the returned
     missing and unexpected keys are thrown away. Not reported when the keys were filtered to
-    the model's own first (`{k: v for k, v in sd.items() if k in model.state_dict()}`), the
+    the model's own first (`{k: v for k, v in sd.items() if k in model.state_dict()}`, or
+    by a lookup that raises on any other key: `if model.state_dict()[k].numel() ==
+    v.numel()`), the
     next statement reports on what was loaded (`print(f"loaded {len(state)} tensors")`), the
     code compared the checkpoint with all of the model's keys beforehand and logged what
     differs, two partial loads into the same module follow each other (base weights, then
