@@ -17,8 +17,13 @@ included), cold and warm cache, `--jobs 1` and one job per core; and TorchFix on
 this run: the machine may be shared, so repeat the run before reading much into one figure.
 Every in-process timing includes collecting the garbage the timed code left behind (the floor's
 too), so work deferred to the cyclic collector is not left out of the figure.
+`--whole N` adds the check users run most, `torchls check .` from the root of each whole
+repository of the real corpus with at most N Python files: every file the checker finds
+there, so the modules the scripts import are checked (and in the floor) too; in-process serial,
+the CLI (process start included, `--jobs 1` and the default) and TorchFix, side by side.
 No assertions.
 Usage: python bench/check_vs_ast.py [--files 40] [--repeat 5] [--real-repeat 1] [--no-real]
+                                    [--whole N] [--only-whole]
 """
 
 from __future__ import annotations
@@ -68,7 +73,18 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--real-repeat", type=int, default=1, help="runs per real-corpus figure")
     parser.add_argument("--no-real", action="store_true", help="skip the real corpus")
+    parser.add_argument(
+        "--whole",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also check whole repositories of at most N Python files (e.g. 60)",
+    )
+    parser.add_argument("--only-whole", action="store_true", help="only the --whole section")
     options = parser.parse_args()
+    if options.only_whole:
+        whole_corpus(options.real_repeat, options.whole or 60)
+        return
     with tempfile.TemporaryDirectory() as folder:
         paths = write_corpus(Path(folder), options.files)
         sources = [path.read_bytes() for path in paths]
@@ -98,6 +114,8 @@ def main() -> None:
         print(f"torchls check CLI end to end (process start included): {cli * 1000:.0f} ms")
     if not options.no_real:
         real_corpus(options.real_repeat)
+    if options.whole:
+        whole_corpus(options.real_repeat, options.whole)
 
 
 # --- the real corpus ---------------------------------------------------------------------------
@@ -262,6 +280,77 @@ def real_corpus(repeat: int) -> None:
         )
     else:
         print("  TorchFix: not installed in this environment (pip install torchfix); skipped")
+
+
+def whole_repositories(limit: int) -> list[tuple[Path, list[Path]]]:
+    """(root, every Python file `torchls check .` finds there) for each snapshot with at most
+    `limit` such files: what a user checks, the modules the scripts import included."""
+    from torchls.checker import discover
+
+    found = []
+    for root, _ in real_projects():
+        files = discover([str(root)], ConfigResolver(root / "pyproject.toml")).files
+        if 0 < len(files) <= limit:
+            found.append((root, files))
+    return found
+
+
+def whole_corpus(repeat: int, limit: int) -> None:
+    """`torchls check .` in each whole repository against the floor of the same files."""
+    projects = whole_repositories(limit)
+    if not projects:
+        print("\nwhole repositories: no snapshots on this machine; skipped")
+        return
+    paths = [path for _, files in projects for path in files]
+    lines = sum(path.read_bytes().count(b"\n") for path in paths)
+    print(
+        f"\nwhole repositories (at most {limit} Python files each): {len(projects)} "
+        f"repositories, {len(paths)} files, {lines} lines; medians of {repeat} run(s)"
+    )
+    figures: dict[str, float] = {}
+
+    def measure(name: str, action, runs: int = repeat) -> object:
+        times, value = [], None
+        for _ in range(max(1, runs)):
+            seconds, value = timed(action)
+            times.append(seconds)
+        figures[name] = statistics.median(times)
+        return value
+
+    def in_repository(command: list[str]) -> int:
+        lines = 0
+        for root, _ in projects:
+            done = subprocess.run(command, cwd=root, capture_output=True, text=True, check=False)
+            lines += len(done.stdout.splitlines())
+        return lines
+
+    measure("floor", lambda: floor(paths), max(3, repeat))
+    measure("in-file", lambda: [analyze(path.read_bytes(), str(path)) for path in paths])
+    measure("serial", lambda: check_in_process(projects, 1, None))
+    torchls = [str(VENV_BIN / "torchls"), "check", "--exit-zero", "--no-cache", "."]
+    measure("process start", lambda: in_repository([sys.executable, "-c", "import torchls.cli"]))
+    measure("cli -j1", lambda: in_repository([*torchls[:-1], "--jobs", "1", "."]))
+    measure("cli", lambda: in_repository(torchls))
+    torchfix = VENV_BIN / "torchfix"
+    if torchfix.is_file():
+        measure("torchfix", lambda: in_repository([str(torchfix), "."]), 1)
+    base = figures["floor"]
+    labels = {
+        "floor": "floor: read + ast.parse + ast.walk",
+        "in-file": "analyze(), in-file only (no project), in-process",
+        "serial": "check, cross-file, no cache, serial, in-process",
+        "process start": f"interpreter start + import, x{len(projects)} processes",
+        "cli -j1": "torchls check . CLI, no cache, --jobs 1",
+        "cli": "torchls check . CLI, no cache, default jobs",
+        "torchfix": "TorchFix ., one process per repository",
+    }
+    for name, label in labels.items():
+        if name in figures:
+            seconds = figures[name]
+            print(f"  {label:58} {seconds * 1000:9.0f} ms  {seconds / base:6.2f}x floor")
+    if "torchfix" in figures:
+        fastest = min(figures["cli -j1"], figures["cli"])
+        print(f"  TorchFix / torchls CLI: {figures['torchfix'] / fastest:.1f}x")
 
 
 def _cold(projects: list[tuple[Path, list[Path]]], command: list[str], folder: Path) -> int:

@@ -39,6 +39,7 @@ class ProjectIndex:
         self.root = root
         self._lock = threading.Lock()
         self._modules: dict[tuple[Path, str], Path | None] = {}
+        self._under: dict[tuple[Path, tuple[str, ...]], Path | None] = {}
         # Last dotted part -> (every dotted part, file) of each project module; walked once.
         self._tails: dict[str, list[tuple[tuple[str, ...], Path]]] | None = None
         self._walked = False
@@ -48,6 +49,7 @@ class ProjectIndex:
         """Drop every cached answer (a file appeared or vanished)."""
         with self._lock:
             self._modules.clear()
+            self._under.clear()
             self._tails = None
             self._walked = False
 
@@ -112,10 +114,22 @@ class ProjectIndex:
             if base in seen:
                 continue
             seen.add(base)
-            found = _module_at(base, parts)
+            found = self._module_under(base, tuple(parts))
             if found is not None and self._inside(found):
                 return found
         return self._by_dotted_path(importer, tuple(parts))
+
+    def _module_under(self, base: Path, parts: tuple[str, ...]) -> Path | None:
+        # Every script of a project asks the root (and `src/`) about the same imports: the
+        # file system is asked once per (folder, module), not once per importing folder.
+        key = (base, parts)
+        with self._lock:
+            if key in self._under:
+                return self._under[key]
+        found = _module_at(base, list(parts))
+        with self._lock:
+            self._under[key] = found
+        return found
 
     def _by_dotted_path(self, importer: Path, parts: tuple[str, ...]) -> Path | None:
         """A module found on a folder the script puts on `sys.path` itself (`sys.path.append
@@ -143,10 +157,11 @@ class ProjectIndex:
         return None
 
     def _inside(self, path: Path) -> bool:
+        """Whether `path` (already resolved, as `_module_at` returns it) is under the root."""
         if self.root is None:
             return True
         try:
-            path.resolve().relative_to(self.root)
+            path.relative_to(self.root)
         except ValueError:
             return False
         return True
