@@ -179,6 +179,27 @@ def analyse_each(sources: list[tuple[Path, bytes]]) -> int:
     return sum(len(analyze(data, str(path)).findings) for path, data in sources)
 
 
+class Figures(dict):
+    """Median seconds by name, each taken over `repeat` runs of an action, and printed as
+    rows with their ratio to the floor."""
+
+    def __init__(self, repeat: int) -> None:
+        super().__init__()
+        self.repeat = repeat
+
+    def measure(self, name: str, action, runs: int | None = None) -> object:
+        times, value = [], None
+        for _ in range(max(1, self.repeat if runs is None else runs)):
+            seconds, value = timed(action)
+            times.append(seconds)
+        self[name] = statistics.median(times)
+        return value
+
+    def row(self, name: str, label: str) -> None:
+        seconds = self[name]
+        print(f"  {label:58} {seconds * 1000:9.0f} ms  {seconds / self['floor']:6.2f}x floor")
+
+
 def run_per_project(projects: list[tuple[Path, list[Path]]], command: list[str]) -> int:
     """Run `command + files` in each repository; the number of output lines in all."""
     lines = 0
@@ -215,15 +236,8 @@ def real_corpus(repeat: int) -> None:
         f"\nreal corpus: {len(paths)} files from {len(projects)} repositories, {lines} lines; "
         f"{cores} cores; medians of {repeat} run(s) unless said"
     )
-    figures: dict[str, float] = {}
-
-    def measure(name: str, action, runs: int = repeat) -> object:
-        times, value = [], None
-        for _ in range(max(1, runs)):
-            seconds, value = timed(action)
-            times.append(seconds)
-        figures[name] = statistics.median(times)
-        return value
+    figures = Figures(repeat)
+    measure = figures.measure
 
     broken = measure("floor", lambda: floor(paths), max(3, repeat))
     sources = [(path, path.read_bytes()) for path in paths]
@@ -260,11 +274,7 @@ def real_corpus(repeat: int) -> None:
             measure("torchfix", lambda: run_per_project(projects, [str(torchfix)]), 1)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    base = figures["floor"]
-
-    def row(name: str, label: str) -> None:
-        seconds = figures[name]
-        print(f"  {label:58} {seconds * 1000:9.0f} ms  {seconds / base:6.2f}x floor")
+    row = figures.row
 
     print(f"  (files with a syntax error the floor skips: {broken})")
     row("floor", "floor: read + ast.parse + ast.walk")
@@ -315,15 +325,8 @@ def whole_corpus(repeat: int, limit: int, with_torchfix: bool = True) -> None:
         f"\nwhole repositories (at most {limit} Python files each): {len(projects)} "
         f"repositories, {len(paths)} files, {lines} lines; medians of {repeat} run(s)"
     )
-    figures: dict[str, float] = {}
-
-    def measure(name: str, action, runs: int = repeat) -> object:
-        times, value = [], None
-        for _ in range(max(1, runs)):
-            seconds, value = timed(action)
-            times.append(seconds)
-        figures[name] = statistics.median(times)
-        return value
+    figures = Figures(repeat)
+    measure = figures.measure
 
     def in_repository(command: list[str]) -> int:
         lines = 0
@@ -342,7 +345,6 @@ def whole_corpus(repeat: int, limit: int, with_torchfix: bool = True) -> None:
     torchfix = VENV_BIN / "torchfix"
     if torchfix.is_file() and with_torchfix:
         measure("torchfix", lambda: in_repository([str(torchfix), "."]), 1)
-    base = figures["floor"]
     labels = {
         "floor": "floor: read + ast.parse + ast.walk",
         "in-file": "analyze(), in-file only (no project), in-process",
@@ -354,8 +356,7 @@ def whole_corpus(repeat: int, limit: int, with_torchfix: bool = True) -> None:
     }
     for name, label in labels.items():
         if name in figures:
-            seconds = figures[name]
-            print(f"  {label:58} {seconds * 1000:9.0f} ms  {seconds / base:6.2f}x floor")
+            figures.row(name, label)
     if "torchfix" in figures:
         fastest = min(figures["cli -j1"], figures["cli"])
         print(f"  TorchFix / torchls CLI: {figures['torchfix'] / fastest:.1f}x")

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from torchls.analysis.queries.vocabulary import (
     FunctionNode,
     _function_of,
+    argument_at,
     parameter_default,
 )
 
@@ -212,18 +213,10 @@ class SummaryQueries:
         if not sites:
             return None
         found: list[ast.expr] = []
-        all_params = [a.arg for a in [*function.args.posonlyargs, *function.args.args]]
         for site, bound_method in sites:
-            if any(k.arg is None for k in site.keywords):
+            told, value = argument_at(site, function, param, bound_method)
+            if not told:
                 return None  # `f(**options)`: any parameter may come from the mapping
-            params = all_params[1:] if bound_method and all_params else all_params
-            value = next((k.value for k in site.keywords if k.arg == param), None)
-            if value is None and param in params:
-                position = params.index(param)
-                if any(isinstance(a, ast.Starred) for a in site.args[: position + 1]):
-                    return None
-                if position < len(site.args):
-                    value = site.args[position]
             if value is None:
                 value = parameter_default(function, param)
             if value is None:

@@ -21,6 +21,7 @@ from torchls.analysis.queries.vocabulary import (
     FunctionNode,
     _on_self,
     _unwrap_iterable,
+    argument_at,
     loader_role,
 )
 
@@ -175,16 +176,11 @@ class FlowQueries:
             return False
         for site in sites:
             bound = isinstance(site.func, ast.Attribute) and positional[:1] == ["self"]
-            params = positional[1:] if bound else positional
-            argument = next((k.value for k in site.keywords if k.arg == key), None)
-            if argument is None and key in params:
-                position = params.index(key)
-                if any(isinstance(a, ast.Starred) for a in site.args[: position + 1]):
-                    return False
-                if position < len(site.args):
-                    argument = site.args[position]
+            told, argument = argument_at(site, function, key, bound)
             passed = self.key(self.same_object(argument)) if argument is not None else None
-            if passed is None or not self.parameters_frozen_before(passed, site, depth + 1):
+            if not told or passed is None:
+                return False
+            if not self.parameters_frozen_before(passed, site, depth + 1):
                 return False
         return True
 

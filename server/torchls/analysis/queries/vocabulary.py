@@ -249,6 +249,28 @@ def parameter_default(function: FunctionNode, name: str) -> ast.expr | None:
     return None
 
 
+def argument_at(
+    site: ast.Call, function: FunctionNode, param: str, bound_method: bool
+) -> tuple[bool, ast.expr | None]:
+    """What call `site` of `function` passes for parameter `param`: (False, None) when it
+    cannot be told (`f(**options)`, or a `*args` at or before its position), else (True, the
+    expression, or None when the site leaves it out). `bound_method`: the first parameter is
+    the receiver, bound by attribute access."""
+    if any(k.arg is None for k in site.keywords):
+        return False, None
+    params = [a.arg for a in [*function.args.posonlyargs, *function.args.args]]
+    if bound_method and params:
+        params = params[1:]
+    value = next((k.value for k in site.keywords if k.arg == param), None)
+    if value is None and param in params:
+        position = params.index(param)
+        if any(isinstance(a, ast.Starred) for a in site.args[: position + 1]):
+            return False, None
+        if position < len(site.args):
+            value = site.args[position]
+    return True, value
+
+
 def _function_of(facts: Facts, node: ast.AST) -> tuple[Facts, FunctionNode, bool] | None:
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return facts, node, False
