@@ -14,14 +14,13 @@ In: the analysis `Workspace` and its root folder. Out:
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from torchls.analysis import Workspace
-from torchls.analysis.resolver import CachedView, Definition
+from torchls.analysis.resolver import CachedView, Definition, Stamp, file_stamp
 from torchls.analysis.source import SourceError, decode_source
 from torchls.cache import MISSING, digest
 
@@ -52,16 +51,12 @@ class ReadRecorder:
     def __init__(self) -> None:
         self.digests: dict[str, str] = {}  # resolved path → digest of the bytes read
         self._lock = threading.Lock()
-        self._texts: OrderedDict[str, tuple[tuple[int, int, int, int], str | None]] = OrderedDict()
+        self._texts: OrderedDict[str, tuple[Stamp, str | None]] = OrderedDict()
 
     def __call__(self, path: Path) -> str | None:
         key = str(path)
-        try:
-            status = os.stat(path)
-        except OSError:
-            status = None
-        if status is not None:
-            stamp = (status.st_mtime_ns, status.st_size, status.st_ino, status.st_dev)
+        stamp = file_stamp(path)
+        if stamp is not None:
             with self._lock:
                 known = self._texts.get(key)
                 if known is not None and known[0] == stamp and key in self.digests:
@@ -80,7 +75,7 @@ class ReadRecorder:
             text = None  # the workspace finds it unreadable too
         with self._lock:
             self.digests[key] = digest(data)
-            if status is not None:
+            if stamp is not None:
                 self._texts[key] = (stamp, text)
                 self._texts.move_to_end(key)
                 while len(self._texts) > TEXTS_KEPT:

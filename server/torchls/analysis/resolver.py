@@ -79,6 +79,33 @@ class Definition:
     node: ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
 
 
+Stamp = tuple[int, int, int, int]
+
+
+def file_stamp(path: str | Path) -> Stamp | None:
+    """What tells one version of a file from the next without reading it: modification time
+    in nanoseconds, size, inode and device (None when the file cannot be looked at)."""
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return (status.st_mtime_ns, status.st_size, status.st_ino, status.st_dev)
+
+
+def _read_source(path: Path) -> str | None:
+    """The decoded text of `path` on disk; None when it cannot be read or decoded."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    from torchls.analysis.source import SourceError, decode_source
+
+    try:
+        return decode_source(data)
+    except SourceError:
+        return None
+
+
 def _digest(text: str) -> str:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
@@ -111,7 +138,7 @@ class Workspace:
         # Least recently used first, as `_facts`: the parse of each file version.
         self._parses: OrderedDict[Path, tuple[str, ParsedSource]] = OrderedDict()
         # File -> (its stat stamp, the digest of the text read under that stamp).
-        self._stamps: dict[Path, tuple[tuple[int, int, int, int], str]] = {}
+        self._stamps: dict[Path, tuple[Stamp, str]] = {}
         self._scripts: dict[Path, tuple[str, object]] = {}
         self._project = None
         self._depth = threading.local()
@@ -125,16 +152,7 @@ class Workspace:
             text = self.overlay(path)
             if text is not None:
                 return text
-        try:
-            data = path.read_bytes()
-        except OSError:
-            return None
-        from torchls.analysis.source import SourceError, decode_source
-
-        try:
-            return decode_source(data)
-        except SourceError:
-            return None
+        return _read_source(path)
 
     def real_path(self, path: str | Path) -> Path:
         """`path` with its links resolved, remembered until `invalidate()`: the same few files
@@ -158,13 +176,11 @@ class Workspace:
                     self._facts.move_to_end(path)
                     return cached[1]
         else:
-            # A file whose size, inode and modification time (in nanoseconds) are those of
-            # the version already hashed is not read and hashed again.
-            try:
-                status = os.stat(path)
-            except OSError:
+            # A file whose stamp is that of the version already hashed is not read and
+            # hashed again.
+            stamp = file_stamp(path)
+            if stamp is None:
                 return None
-            stamp = (status.st_mtime_ns, status.st_size, status.st_ino, status.st_dev)
             with self._lock:
                 known = self._stamps.get(path)
                 cached = self._facts.get(path)
