@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -61,6 +61,9 @@ class AnalysisResult:
     imports_project_names: bool = False
     # Set when the time budget ran out: the findings are those of the rules that finished.
     stopped_early: str | None = None
+    # (top-level statements analysed again, statements in the file) when an edit's analysis
+    # kept the earlier findings of the rest (`previous_findings`); None for a whole analysis.
+    reanalysed: tuple[int, int] | None = None
 
 
 def analyze(
@@ -71,20 +74,33 @@ def analyze(
     workspace: Workspace | CachedView | None = None,
     previous: ParsedSource | None = None,
     budget_s: float | None = None,
+    previous_findings: Sequence[Finding] | None = None,
 ) -> AnalysisResult:
     """Run every enabled rule on one file's source. With a `workspace`, names imported from
     other project files are followed into them (model classes, factories, loss wrappers).
     `previous` (the `parsed` of this document's last result) lets an editor re-parse only the
     statements an edit touched; its unchanged statements are reused, so it must not be in use
     by another analysis at the same time. With `budget_s`, rules that have not started when the
-    budget runs out are skipped and `stopped_early` says so (an editor must never stall)."""
+    budget runs out are skipped and `stopped_early` says so (an editor must never stall).
+    With `previous_findings` too (the complete findings of that `previous` version, under the
+    same rule selection and project state), only the statements the edit can affect are
+    analysed again and the others keep their findings (`incremental.py`)."""
     # The analysis allocates hundreds of thousands of small objects; letting the cyclic GC
     # scan the (large, acyclic) syntax tree over and over costs more than the analysis itself.
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
         with _analysing(workspace):
-            return _analyze(source, filename, enabled, respect_noqa, workspace, previous, budget_s)
+            return _analyze(
+                source,
+                filename,
+                enabled,
+                respect_noqa,
+                workspace,
+                previous,
+                budget_s,
+                previous_findings,
+            )
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -105,11 +121,13 @@ def _analyze(
     workspace: Workspace | CachedView | None,
     previous: ParsedSource | None,
     budget_s: float | None = None,
+    previous_findings: Sequence[Finding] | None = None,
 ) -> AnalysisResult:
     from torchls.analysis.facts import build_facts
+    from torchls.analysis.incremental import plan
     from torchls.analysis.noqa import is_silenced, noqa_map
 
-    facts = None
+    facts = whole_facts = None
     try:
         text = decode_source(source) if isinstance(source, bytes) else source
         from torchls.analysis.source import reparse
@@ -122,7 +140,11 @@ def _analyze(
         else:
             parsed = reparse(previous, text)
         rules = [r for r in all_rules() if enabled is None or enabled(r.code)]
-        facts = build_facts(parsed, filename, workspace)
+        whole_file = frozenset(r.code for r in rules if r.whole_file)
+        reduced = None
+        if previous_findings is not None:
+            reduced = plan(parsed, previous_findings, whole_file)
+        facts = build_facts(reduced.parsed if reduced else parsed, filename, workspace)
         silenced = noqa_map(parsed.lines) if respect_noqa else {}
         findings: list[Finding] = []
         stopped_early = None
@@ -132,13 +154,20 @@ def _analyze(
                 skipped = ", ".join(r.code for r in rules[index:])
                 stopped_early = f"analysis stopped after {budget_s:g} s; not checked: {skipped}"
                 break
-            for hit in rule_.check(facts):
+            rule_facts = facts
+            if reduced is not None and rule_.whole_file:
+                if whole_facts is None:
+                    whole_facts = build_facts(parsed, filename, workspace)
+                rule_facts = whole_facts
+            for hit in rule_.check(rule_facts):
                 finding = _to_finding(rule_, hit, parsed)
                 if finding.span.start.row in parsed.blanked_rows:
                     continue
                 if is_silenced(silenced, finding.span.start.row, finding.code):
                     continue
                 findings.append(finding)
+        if reduced is not None:
+            findings = reduced.merge(findings)
         findings.sort(key=lambda f: (f.span.start, f.code))
         return AnalysisResult(
             findings,
@@ -147,14 +176,16 @@ def _analyze(
             parsed,
             imports_project_names(facts),
             stopped_early,
+            (len(reduced.affected), len(parsed.tree.body)) if reduced is not None else None,
         )
     except SourceError as error:
         return AnalysisResult(error=str(error))
     except RecursionError:
         return AnalysisResult(error="nesting too deep to analyse")
     finally:
-        if facts is not None:
-            facts.release()  # freed now by reference counting (see `Facts.release`)
+        for done in (facts, whole_facts):
+            if done is not None:
+                done.release()  # freed now by reference counting (see `Facts.release`)
 
 
 def forget_caches() -> None:

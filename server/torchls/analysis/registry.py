@@ -47,21 +47,32 @@ class Rule:
     fix: FixAvailability
     doc: str
     check: CheckFunction
+    # The rule's findings in one statement can depend on statements it reaches by no name
+    # (a file-wide habit, a decorator anywhere): an editor's incremental analysis runs it on
+    # the whole file (see `incremental.py`; its parity test finds rules that need this).
+    whole_file: bool = False
 
 
 RULES: dict[str, Rule] = {}
 
 
 def rule(
-    code: str, name: str, severity: str, summary: str, fix: FixAvailability = "none"
+    code: str,
+    name: str,
+    severity: str,
+    summary: str,
+    fix: FixAvailability = "none",
+    whole_file: bool = False,
 ) -> Callable[[CheckFunction], CheckFunction]:
-    """Register a check function under `code`; `severity` is "E", "W" or "I"."""
+    """Register a check function under `code`; `severity` is "E", "W" or "I". `whole_file`:
+    see `Rule.whole_file`."""
 
     def register(check: CheckFunction) -> CheckFunction:
         if code in RULES:
             raise ValueError(f"rule {code} registered twice")
         doc = inspect.cleandoc(check.__doc__ or "")
-        RULES[code] = Rule(code, name, SEVERITY_LETTERS[severity], summary, fix, doc, check)
+        severity_ = SEVERITY_LETTERS[severity]
+        RULES[code] = Rule(code, name, severity_, summary, fix, doc, check, whole_file)
         return check
 
     return register

@@ -60,6 +60,21 @@ class SyntaxProblem:
     message: str
 
 
+@dataclass(frozen=True)
+class Reparsed:
+    """How a parse relates to the earlier one it reused statements of (an editor's last
+    version): the first `kept_before` and last `kept_after` top-level statements are the
+    earlier tree's own nodes (those after the edit shifted by `delta` rows); rows
+    `old_region[0]..old_region[1]` of the earlier text (1-based, inclusive) were parsed again.
+    What an incremental analysis needs to know which earlier findings still stand."""
+
+    previous_tree: ast.Module
+    kept_before: int
+    kept_after: int
+    delta: int
+    old_region: tuple[int, int]
+
+
 @dataclass
 class ParsedSource:
     text: str
@@ -70,6 +85,8 @@ class ParsedSource:
     # The syntax index of `tree` (see `queries/index.py`), once some facts have built it: it
     # depends on the tree alone, so other facts over this same parse reuse it.
     index: object | None = field(default=None, repr=False, compare=False)
+    # Set by `reparse` when statements of an earlier parse were reused (see `Reparsed`).
+    reparsed: Reparsed | None = field(default=None, repr=False, compare=False)
 
     def column(self, row: int, utf8_offset: int) -> int:
         """Code-point column of a UTF-8 byte offset on 1-based `row`."""
@@ -212,7 +229,9 @@ def reparse(previous: ParsedSource | None, text: str) -> ParsedSource:
     lines = split_lines(text)
     old_lines = previous.lines
     if lines == old_lines:
-        return ParsedSource(text, lines, previous.tree)
+        count = len(previous.tree.body)
+        unchanged = Reparsed(previous.tree, count, 0, 0, (1, 0))
+        return ParsedSource(text, lines, previous.tree, reparsed=unchanged)
     limit = min(len(lines), len(old_lines))
     prefix = 0
     while prefix < limit and lines[prefix] == old_lines[prefix]:
@@ -247,4 +266,6 @@ def reparse(previous: ParsedSource | None, text: str) -> ParsedSource:
         for stmt in after:
             ast.increment_lineno(stmt, delta)
     tree = ast.Module(body=[*before, *middle.body, *after], type_ignores=[])
-    return ParsedSource(text, lines, tree)
+    old_region = (region_start, region_end - delta)
+    edit = Reparsed(previous.tree, len(before), len(after), delta, old_region)
+    return ParsedSource(text, lines, tree, reparsed=edit)

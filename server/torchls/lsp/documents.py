@@ -34,7 +34,7 @@ from lsprotocol import types
 from pygls.uris import to_fs_path
 from pygls.workspace import TextDocument, Workspace
 
-from torchls.analysis import Finding, analyze, forget_caches
+from torchls.analysis import Finding, all_rules, analyze, forget_caches
 from torchls.analysis import Workspace as ProjectWorkspace
 from torchls.analysis.contracts import ContractTable
 from torchls.analysis.selection import RuleSelection
@@ -114,6 +114,18 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
+class Prior:
+    """A document's last complete findings (nothing left for the cross-file pass, no rule
+    skipped), with the parse they belong to and what they were computed under: the next
+    edit's analysis keeps those of the statements it cannot affect (`analyze`'s
+    `previous_findings`) when the parse it re-parses from and that context are the same."""
+
+    tree: object
+    context: tuple[object, ...]
+    findings: tuple[Finding, ...]
+
+
+@dataclass(frozen=True)
 class Outcome:
     """What one analysis produced, ready for every feature that needs findings.
 
@@ -127,6 +139,7 @@ class Outcome:
     cross_file: bool = False
     needs_cross_file: bool = False
     stopped_early: str | None = None  # the analysis ran out of its time budget
+    reanalysed: tuple[int, int] | None = None  # see `AnalysisResult.reanalysed`
 
 
 @dataclass
@@ -194,6 +207,9 @@ class Documents:
         # Last parse per document, touched only on the analysis thread (incremental re-parse
         # reuses and shifts its unchanged statements, so it must never be shared).
         self.parsed_by_uri: dict[str, ParsedSource] = {}
+        # The last complete in-file findings per document, for the next edit to keep those of
+        # the statements it cannot affect (same thread, same lifetime as `parsed_by_uri`).
+        self.prior_by_uri: dict[str, Prior] = {}
         self._trim: asyncio.TimerHandle | None = None  # a pending `release_memory` after closes
         self._project_view: ProjectView | None = None
 
@@ -256,6 +272,7 @@ class Documents:
         disk). The memory is handed back to the system once closing stops for a moment."""
         with contextlib.suppress(RuntimeError):  # the pool is shut down: nothing to free
             self.analysis_pool.submit(self.parsed_by_uri.pop, uri, None)
+            self.analysis_pool.submit(self.prior_by_uri.pop, uri, None)
         path = to_fs_path(uri)
         if not self.states:
             # Nothing open: what the project learnt of other files (their facts, jedi's
@@ -509,6 +526,7 @@ class Documents:
             self.project_view if cross_file else self.project,
             cross_file,
             self.parsed_by_uri,
+            (self.prior_by_uri, key[1], key[3]),
         )
         if outcome.config_error:
             self.server.warn_once(f"torchls: {outcome.config_error} (using default rule selection)")
@@ -568,11 +586,13 @@ def analyse_snapshot(
     project: ProjectWorkspace | ProjectView | None = None,
     cross_file: bool = False,
     parsed_by_uri: dict[str, ParsedSource] | None = None,
+    priors: tuple[dict[str, Prior], int, int] | None = None,
 ) -> Outcome:
     """Run on the worker thread: the pure analysis of one snapshot, never raising. Without
     `cross_file`, other files are consulted only as far as earlier resolutions know them;
     with it, `project` (the workspace, or a view of it that filters what jedi is asked)
-    answers everything."""
+    answers everything. `priors` (the documents' last complete findings, the settings and
+    dependency generations) lets an in-file pass re-analyse only what an edit can affect."""
     if len(snapshot.source) > MAX_DOCUMENT_CHARS:
         return Outcome(snapshot, error=f"larger than {MAX_DOCUMENT_CHARS} characters")
     previous = parsed_by_uri.pop(snapshot.uri, None) if parsed_by_uri is not None else None
@@ -581,6 +601,18 @@ def analyse_snapshot(
         filename = path or snapshot.uri
         workspace = project.workspace if isinstance(project, ProjectView) else project
         view = workspace.cached_view() if workspace is not None and not cross_file else None
+        context = (
+            priors[1:] if priors is not None else (),
+            frozenset(r.code for r in all_rules() if selection.enabled(r.code, relative)),
+        )
+        prior = priors[0].pop(snapshot.uri, None) if priors is not None else None
+        reusable = (
+            prior is not None
+            and not cross_file  # the cross-file pass exists to find what the last one did not
+            and previous is not None
+            and prior.tree is previous.tree
+            and prior.context == context
+        )
         result = analyze(
             snapshot.source,
             filename,
@@ -588,6 +620,7 @@ def analyse_snapshot(
             workspace=(view or project) if path is not None else None,
             previous=previous,
             budget_s=ANALYSIS_BUDGET_S,
+            previous_findings=prior.findings if reusable and prior is not None else None,
         )
     except Exception as error:  # the server must outlive any analysis bug
         logger.exception("analysis failed for %s", snapshot.uri)
@@ -598,6 +631,12 @@ def analyse_snapshot(
             parsed_by_uri.pop(next(iter(parsed_by_uri)))
     if result.error is not None:
         return Outcome(snapshot, error=result.error, config_error=config_error)
+    complete = not result.stopped_early and not (view is not None and view.missed)
+    if priors is not None and complete and result.parsed is not None:
+        findings = tuple(result.findings)
+        priors[0][snapshot.uri] = Prior(result.parsed.tree, context, findings)
+        while len(priors[0]) > KEEP_PARSED:
+            priors[0].pop(next(iter(priors[0])))
     return Outcome(
         snapshot,
         tuple(result.findings),
@@ -606,4 +645,5 @@ def analyse_snapshot(
         cross_file=cross_file,
         needs_cross_file=view is not None and view.missed and path is not None,
         stopped_early=result.stopped_early,
+        reanalysed=result.reanalysed,
     )
