@@ -21,6 +21,7 @@ from torchls.analysis.source import ParsedSource, SourceError, SyntaxProblem, de
 
 if TYPE_CHECKING:
     from torchls.analysis.contracts import ContractTable
+    from torchls.analysis.incremental import Plan
 
 __all__ = [
     "RULES",
@@ -123,15 +124,12 @@ def _analyze(
     budget_s: float | None = None,
     previous_findings: Sequence[Finding] | None = None,
 ) -> AnalysisResult:
-    from torchls.analysis.facts import build_facts
     from torchls.analysis.incremental import plan
-    from torchls.analysis.noqa import is_silenced, noqa_map
+    from torchls.analysis.modes import WholeFileNeeded
+    from torchls.analysis.source import reparse
 
-    facts = whole_facts = None
     try:
         text = decode_source(source) if isinstance(source, bytes) else source
-        from torchls.analysis.source import reparse
-
         project = workspace.workspace if isinstance(workspace, CachedView) else workspace
         shared = project is not None and getattr(project, "share_parses", False)
         if previous is None and shared and not filename.startswith("<"):
@@ -144,7 +142,49 @@ def _analyze(
         reduced = None
         if previous_findings is not None:
             reduced = plan(parsed, previous_findings, whole_file)
+        run = (parsed, filename, workspace, rules, respect_noqa, budget_s)
+        try:
+            findings, stopped_early, imports_project = _run_rules(*run, reduced)
+        except WholeFileNeeded:
+            reduced = None
+            findings, stopped_early, imports_project = _run_rules(*run, None)
+        return AnalysisResult(
+            findings,
+            parsed.syntax_errors,
+            None,
+            parsed,
+            imports_project,
+            stopped_early,
+            (len(reduced.affected), len(parsed.tree.body)) if reduced is not None else None,
+        )
+    except SourceError as error:
+        return AnalysisResult(error=str(error))
+    except RecursionError:
+        return AnalysisResult(error="nesting too deep to analyse")
+
+
+def _run_rules(
+    parsed: ParsedSource,
+    filename: str,
+    workspace: Workspace | CachedView | None,
+    rules: list[Rule],
+    respect_noqa: bool,
+    budget_s: float | None,
+    reduced: Plan | None,
+) -> tuple[list[Finding], str | None, bool]:
+    """(sorted findings, why the budget stopped the rules if it did, whether the file imports
+    project names): every rule on the facts of `parsed`, or with a `reduced` plan on those of
+    its reduced module (rules marked `whole_file` on the whole file), merged with what the
+    plan kept."""
+    from torchls.analysis.facts import build_facts
+    from torchls.analysis.noqa import is_silenced, noqa_map
+
+    facts = whole_facts = None
+    try:
         facts = build_facts(reduced.parsed if reduced else parsed, filename, workspace)
+        if reduced is not None:
+            facts.outside, facts.replaced = reduced.outside, reduced.replaced
+            facts.fresh = reduced.fresh
         silenced = noqa_map(parsed.lines) if respect_noqa else {}
         findings: list[Finding] = []
         stopped_early = None
@@ -169,19 +209,7 @@ def _analyze(
         if reduced is not None:
             findings = reduced.merge(findings)
         findings.sort(key=lambda f: (f.span.start, f.code))
-        return AnalysisResult(
-            findings,
-            parsed.syntax_errors,
-            None,
-            parsed,
-            imports_project_names(facts),
-            stopped_early,
-            (len(reduced.affected), len(parsed.tree.body)) if reduced is not None else None,
-        )
-    except SourceError as error:
-        return AnalysisResult(error=str(error))
-    except RecursionError:
-        return AnalysisResult(error="nesting too deep to analyse")
+        return findings, stopped_early, imports_project_names(facts)
     finally:
         for done in (facts, whole_facts):
             if done is not None:

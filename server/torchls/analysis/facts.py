@@ -110,6 +110,13 @@ class Facts(IndexQueries, KindQueries, ValueQueries, FlowQueries, SummaryQueries
         self.source = parsed
         self.filename = filename
         self.workspace = workspace
+        # Top-level statements of the file left out of `parsed.tree` by an editor's reduced
+        # analysis (`incremental.py`): file-wide inputs read what they contribute from them.
+        self.outside: tuple[ast.stmt, ...] = ()
+        # ... and the earlier version's statements the edit replaced, and this tree's
+        # statements parsed anew (the others are the earlier version's own nodes).
+        self.replaced: tuple[ast.stmt, ...] = ()
+        self.fresh: frozenset[ast.stmt] = frozenset()
         self.import_positions: dict[str, tuple[int, int]] = {}
         self._definitions: dict[str, Definition | None] = {}
         self.tree = parsed.tree

@@ -48,6 +48,9 @@ class Plan:
     kept: tuple[Finding, ...]  # earlier findings of unaffected statements, moved
     rows: tuple[tuple[int, int], ...]  # row range of each statement of the new module body
     whole_file: frozenset[str]  # codes of the rules run on the whole file (all fresh)
+    outside: tuple[ast.stmt, ...]  # the statements left out of the reduced module
+    replaced: tuple[ast.stmt, ...]  # the earlier version's statements the edit replaced
+    fresh: frozenset[ast.stmt]  # the statements parsed anew
 
     def merge(self, findings: Iterable[Finding]) -> list[Finding]:
         """The findings of the whole file: those of the reduced analysis that lie in an
@@ -110,12 +113,16 @@ def plan(
     if len(affected) > MAX_SHARE * max(1, len(body) - len(imports)):
         return None
     kept = tuple(f for f in moved if _owner(rows, f.span.start.row) not in affected)
+    inside = affected | imports
     reduced = ast.Module(
-        body=[stmt for index, stmt in enumerate(body) if index in affected or index in imports],
-        type_ignores=[],
+        body=[stmt for index, stmt in enumerate(body) if index in inside], type_ignores=[]
     )
+    outside = tuple(stmt for index, stmt in enumerate(body) if index not in inside)
     reduced_parse = ParsedSource(parsed.text, parsed.lines, reduced)
-    return Plan(reduced_parse, frozenset(affected), kept, rows, whole_file)
+    fresh = frozenset(changed)
+    return Plan(
+        reduced_parse, frozenset(affected), kept, rows, whole_file, outside, tuple(removed), fresh
+    )
 
 
 # -- names -------------------------------------------------------------------------------------

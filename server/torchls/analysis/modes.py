@@ -104,18 +104,20 @@ class ModeAnalysis:
 
     def run(self) -> None:
         facts = self.facts
-        if not _can_matter(facts):
+        earlier = _earlier(facts)
+        contributions = _contributions(facts)
+        matters = any(c.matters for c in contributions)
+        if earlier is not None and matters != any(c.matters for c in earlier):
+            raise WholeFileNeeded  # the statements outside may now matter, or no longer
+        if not matters:
             return
         functions = _relevant_functions(facts)
         self._interpreted = {facts.tree, *functions}
-        self._possible_keys = _possible_keys(facts)
-        self._switched_keys = {
-            key
-            for call in facts.method_calls("eval", "train")
-            if (key := facts.key(facts.same_object(facts.receiver(call)))) is not None
-        }
+        inputs = _file_inputs(_with_keys(facts, contributions))
+        if earlier is not None and inputs != _file_inputs(_keyed(earlier)):
+            raise WholeFileNeeded  # the statements outside would be judged differently now
+        self._possible_keys, self._switched_keys, self._helpers_own_modes = inputs
         self._builds_model = _statements_building_models(facts)
-        self._helpers_own_modes = _helpers_own_modes(facts)
         self._saves_mode = _statements_saving_modes(facts)
         # Round one analyses everything from an unknown entry and collects call-site states;
         # round two re-analyses only the functions that got an entry state from a caller.
@@ -696,60 +698,175 @@ def _rebase(key: str, mapping: dict[str, str]) -> str | None:
     return None
 
 
-def _helpers_own_modes(facts: Facts) -> bool:
-    """Some function here calls `eval()` on a model it was given as a parameter: in this file
-    the helper that runs a model owns its mode, so a helper that never sets it is suspect.
-    Where no function does, setting the mode is the callers' job (out of sight)."""
-    for call in facts.method_calls("eval"):
-        if call.args or call.keywords:
-            continue
-        function = facts.enclosing_function(call)
-        key = facts.key(facts.same_object(facts.receiver(call)))
-        if function is None or key is None:
-            continue
-        args = function.args
-        if key.split(".")[0] in {a.arg for a in [*args.posonlyargs, *args.args]} - {"self"}:
-            return True
-    return False
+class WholeFileNeeded(Exception):
+    """A reduced analysis (see `incremental.py`) needs what a statement outside it contributes
+    to the file-wide mode inputs, and no earlier analysis left it on that statement."""
 
 
-def _can_matter(facts: Facts) -> bool:
-    """Mode findings need an evaluation context or a mode switch; most files have neither."""
-    if facts.method_calls("eval", "train"):
-        return True
-    if any(role == "eval" for role in facts.batch_loops.values()):
-        return True
+@dataclass(frozen=True)
+class Contribution:
+    """What one top-level statement adds to the mode analysis's file-wide inputs: whether it
+    can make mode findings matter (a mode switch, an evaluation loop or function), and, once
+    asked (None before), the keys a mode state can hold, the receivers of train()/eval(), and
+    whether one of its functions puts a model it was given in eval() itself. Kept on the
+    statement's node, so an editor's reduced analysis reads those of statements outside it."""
+
+    matters: bool
+    possible: frozenset[str] | None = None
+    switched: frozenset[str] | None = None
+    owns: bool | None = None
+
+
+_CONTRIBUTION_ATTR = "_torchls_modes"
+
+
+def _top_statement(facts: Facts, node: ast.AST) -> ast.AST | None:
+    current: ast.AST | None = node
+    while current is not None:
+        parent = facts.parents.get(current)
+        if parent is facts.tree:
+            return current
+        current = parent
+    return None
+
+
+def _by_statement(facts: Facts, nodes: list[ast.AST]) -> dict[ast.AST, list[ast.AST]]:
+    grouped: dict[ast.AST, list[ast.AST]] = {}
+    for node in nodes:
+        top = _top_statement(facts, node)
+        if top is not None:
+            grouped.setdefault(top, []).append(node)
+    return grouped
+
+
+def _contributions(facts: Facts) -> list[Contribution]:
+    """The contribution of every top-level statement of the file: computed for those of this
+    tree (and kept on their nodes), read from the nodes for those outside it."""
+    mode_calls = _by_statement(facts, list(facts.method_calls("eval", "train")))
     functions = [
         node
         for node in facts.scope_nodes
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
     ]
-    if any(EVAL_FUNCTION_RE.match(node.name) for node in functions):
-        return True
-    # `run_epoch(..., train=False)`: a loop that evaluates on some call sites.
-    return any(facts.call_sites(node) and facts.evaluating_sites(node) for node in functions)
+    functions_of = _by_statement(facts, functions)  # type: ignore[arg-type]
+    eval_loops = _by_statement(
+        facts, [loop for loop, role in facts.batch_loops.items() if role == "eval"]
+    )
+    found: list[Contribution] = []
+    for stmt in facts.tree.body:
+        own = functions_of.get(stmt, [])
+        matters = (
+            stmt in mode_calls
+            or stmt in eval_loops
+            or any(EVAL_FUNCTION_RE.match(f.name) for f in own)  # type: ignore[attr-defined]
+            # `run_epoch(..., train=False)`: a loop that evaluates on some call sites.
+            or any(facts.call_sites(f) and facts.evaluating_sites(f) for f in own)  # type: ignore[arg-type]
+        )
+        contribution = Contribution(matters)
+        setattr(stmt, _CONTRIBUTION_ATTR, contribution)
+        found.append(contribution)
+    return [*found, *(_outside(stmt) for stmt in facts.outside)]
 
 
-def _possible_keys(facts: Facts) -> set[str]:
-    """Every key a mode state can hold: receivers of train()/eval(), names bound to a newly
-    built model, and parameter names (states flow into helpers under those names)."""
-    keys = {
-        key
-        for call in facts.method_calls("eval", "train")
-        if (key := facts.key(facts.same_object(facts.receiver(call)))) is not None
-    }
+def _earlier(facts: Facts) -> list[Contribution] | None:
+    """In a reduced analysis, what the whole file contributed before the edit: the earlier
+    contributions of this tree's reused statements and of the statements the edit replaced,
+    and those outside. None in a whole analysis. Statements parsed anew have none."""
+    if not facts.outside and not facts.replaced:
+        return None
+    found = [
+        _outside(stmt)
+        for stmt in facts.tree.body
+        if stmt not in facts.fresh  # reused: its node holds the earlier contribution
+    ]
+    found.extend(_outside(stmt) for stmt in facts.replaced)
+    found.extend(_outside(stmt) for stmt in facts.outside)
+    return found
+
+
+def _keyed(contributions: list[Contribution]) -> list[Contribution]:
+    if any(c.possible is None for c in contributions):
+        raise WholeFileNeeded
+    return contributions
+
+
+def _file_inputs(contributions: list[Contribution]) -> tuple[set[str], set[str], bool]:
+    """(keys a mode state can hold, receivers of train()/eval(), helpers own modes)."""
+    possible: set[str] = set()
+    switched: set[str] = set()
+    owns = False
+    for contribution in contributions:
+        possible |= contribution.possible or frozenset()
+        switched |= contribution.switched or frozenset()
+        owns = owns or bool(contribution.owns)
+    return possible, switched, owns
+
+
+def _outside(stmt: ast.AST) -> Contribution:
+    contribution = getattr(stmt, _CONTRIBUTION_ATTR, None)
+    if contribution is None:
+        raise WholeFileNeeded
+    return contribution
+
+
+def _with_keys(facts: Facts, contributions: list[Contribution]) -> list[Contribution]:
+    """`contributions` (this tree's first, as `_contributions` returns them) with their keys:
+    computed for this tree's statements, read for those outside it."""
+    receivers: dict[ast.AST, set[str]] = {}
+    owning: set[ast.AST] = set()
+    for call in facts.method_calls("eval", "train"):
+        key = facts.key(facts.same_object(facts.receiver(call)))
+        top = _top_statement(facts, call)
+        if key is None or top is None:
+            continue
+        receivers.setdefault(top, set()).add(key)
+        # Some function here calls `eval()` on a model it was given as a parameter: in this
+        # file the helper that runs a model owns its mode, so one that never sets it is
+        # suspect. Where no function does, setting the mode is the callers' job.
+        if call.func.attr != "eval" or call.args or call.keywords:  # type: ignore[attr-defined]
+            continue
+        function = facts.enclosing_function(call)
+        if function is None:
+            continue
+        args = function.args
+        if key.split(".")[0] in {a.arg for a in [*args.posonlyargs, *args.args]} - {"self"}:
+            owning.add(top)
+    # Every key a mode state can hold: receivers of train()/eval(), names bound to a newly
+    # built model, and parameter names (states flow into helpers under those names).
+    possible: dict[ast.AST, set[str]] = {stmt: set(keys) for stmt, keys in receivers.items()}
     for node in facts.scope_nodes:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            args = node.args
-            keys.update(a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs])
-    for calls in facts.calls_by_statement.values():
+            top = _top_statement(facts, node)
+            if top is not None:
+                args = node.args
+                names = (a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs])
+                possible.setdefault(top, set()).update(names)
+    for statement, calls in facts.calls_by_statement.items():
         for call in calls:
-            statement = facts.parents.get(call)
-            if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
-                key = facts.key(statement.targets[0])
-                if key is not None and facts.is_kind(statement.value, "model"):
-                    keys.add(key)
-    return keys
+            assignment = facts.parents.get(call)
+            if isinstance(assignment, ast.Assign) and len(assignment.targets) == 1:
+                key = facts.key(assignment.targets[0])
+                if key is not None and facts.is_kind(assignment.value, "model"):
+                    top = _top_statement(facts, statement)
+                    if top is not None:
+                        possible.setdefault(top, set()).add(key)
+    found: list[Contribution] = []
+    own = contributions[: len(facts.tree.body)]
+    for stmt, contribution in zip(facts.tree.body, own, strict=True):
+        contribution = Contribution(
+            contribution.matters,
+            frozenset(possible.get(stmt, ())),
+            frozenset(receivers.get(stmt, ())),
+            stmt in owning,
+        )
+        setattr(stmt, _CONTRIBUTION_ATTR, contribution)
+        found.append(contribution)
+    for stmt in facts.outside:
+        contribution = _outside(stmt)
+        if contribution.possible is None:
+            raise WholeFileNeeded
+        found.append(contribution)
+    return found
 
 
 def _statements_building_models(facts: Facts) -> set[ast.AST]:

@@ -158,7 +158,6 @@ def _model_calls_in_eval(facts: Facts) -> Iterator[tuple[ast.Call, ast.AST, str,
     "W",
     "Evaluation loop runs the model in training mode",
     fix="unsafe",
-    whole_file=True,  # a helper nobody calls is judged by how the file's other helpers do it
 )
 def eval_without_eval_mode(facts: Facts) -> Iterator[Hit]:
     """
