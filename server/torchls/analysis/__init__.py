@@ -138,7 +138,7 @@ def _analyze(
         else:
             parsed = reparse(previous, text)
         rules = [r for r in all_rules() if enabled is None or enabled(r.code)]
-        whole_file = frozenset(r.code for r in rules if r.whole_file)
+        whole_file = frozenset(r.code for r in rules if r.needs_whole_file(text))
         reduced = None
         if previous_findings is not None:
             reduced = plan(parsed, previous_findings, whole_file)
@@ -195,7 +195,7 @@ def _run_rules(
                 stopped_early = f"analysis stopped after {budget_s:g} s; not checked: {skipped}"
                 break
             rule_facts = facts
-            if reduced is not None and rule_.whole_file:
+            if reduced is not None and rule_.code in reduced.whole_file:
                 if whole_facts is None:
                     whole_facts = build_facts(parsed, filename, workspace)
                 rule_facts = whole_facts

@@ -129,22 +129,114 @@ def plan(
 
 
 def _names(stmt: ast.stmt) -> tuple[frozenset[str], frozenset[str]]:
-    """(names this top-level statement binds at module level, names it reads anywhere),
-    kept on the node: a reused statement is not walked again."""
+    """(names this top-level statement binds at module level, module-level names it may
+    read), kept on the node: a reused statement is not walked again. Inside a function a
+    name its scope binds (a parameter, an assignment) is that function's own, as Python
+    resolves it, so `model` read in `def f(model)` links `f` to no global `model`."""
     cached = getattr(stmt, _NAMES_ATTR, None)
     if cached is not None:
         return cached
     bound: set[str] = set()
-    read: set[str] = set()
     _bound_by(stmt, bound)
     for node in ast.walk(stmt):
-        if isinstance(node, ast.Name):
-            read.add(node.id)
-        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+        if isinstance(node, ast.Global):
             bound.update(node.names)  # `global x; x = ...` in a function rebinds the global
-    result = (frozenset(bound), frozenset(read - {"self", "cls"}))
+    result = (frozenset(bound), frozenset(_reads(stmt, frozenset())))
     setattr(stmt, _NAMES_ATTR, result)
     return result
+
+
+def _reads(node: ast.AST, enclosing: frozenset[str]) -> set[str]:
+    """Names read in `node` that no function scope around them (`enclosing`, or one inside
+    `node`) binds: the names it may read from module scope. Class bodies hide nothing from
+    the functions in them (Python skips class scope there), so they bind nothing here."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        found = set()
+        args = node.args
+        for default in (*args.defaults, *(d for d in args.kw_defaults if d is not None)):
+            found |= _reads(default, enclosing)  # evaluated where the def runs
+        if not isinstance(node, ast.Lambda):
+            for decorator in node.decorator_list:
+                found |= _reads(decorator, enclosing)
+            if node.returns is not None:
+                found |= _reads(node.returns, enclosing)
+        parameters = [*args.posonlyargs, *args.args, *args.kwonlyargs]
+        parameters += [a for a in (args.vararg, args.kwarg) if a is not None]
+        for parameter in parameters:
+            if parameter.annotation is not None:
+                found |= _reads(parameter.annotation, enclosing)
+        local = {a.arg for a in parameters} | _scope_binds(node)
+        inner = enclosing | (local - _declared_global(node))
+        body = node.body if isinstance(node.body, list) else [node.body]
+        for child in body:
+            found |= _reads(child, inner)
+        return found
+    if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+        targets = {
+            n.id
+            for generator in node.generators
+            for n in ast.walk(generator.target)
+            if isinstance(n, ast.Name)
+        }
+        inner = enclosing | targets
+        found = _reads(node.generators[0].iter, enclosing)  # evaluated outside
+        for child in ast.iter_child_nodes(node):
+            if child is not node.generators[0]:
+                found |= _reads(child, inner)
+        found |= _reads_except_first_iter(node.generators[0], inner)
+        return found
+    found = set()
+    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id not in enclosing:
+        found.add(node.id)
+    for child in ast.iter_child_nodes(node):
+        found |= _reads(child, enclosing)
+    return found
+
+
+def _reads_except_first_iter(generator: ast.comprehension, enclosing: frozenset[str]) -> set[str]:
+    found = _reads(generator.target, enclosing)
+    for condition in generator.ifs:
+        found |= _reads(condition, enclosing)
+    return found
+
+
+def _scope_binds(function: ast.AST) -> set[str]:
+    """Names a function's own scope binds: assignment targets, loop and `with` targets,
+    imports, nested defs and classes (not what nested scopes or comprehensions bind)."""
+    bound: set[str] = set()
+    todo = list(ast.iter_child_nodes(function))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+            continue  # its body is its own scope (decorators and defaults are read, not bound)
+        if isinstance(
+            node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
+        ):
+            continue
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            bound.add(node.id)
+        elif isinstance(node, _IMPORTS):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, ast.arguments):
+            continue  # a def's own parameters are handled by `_reads`
+        todo.extend(ast.iter_child_nodes(node))
+    return bound
+
+
+def _declared_global(function: ast.AST) -> set[str]:
+    """Names declared `global` or `nonlocal` in a function's own scope (they are not its own)."""
+    declared: set[str] = set()
+    todo = list(ast.iter_child_nodes(function))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.Global, ast.Nonlocal)):
+            declared.update(node.names)
+        elif not isinstance(node, _SCOPES):
+            todo.extend(ast.iter_child_nodes(node))
+    return declared
 
 
 def _bound_by(node: ast.AST, bound: set[str]) -> None:

@@ -49,8 +49,15 @@ class Rule:
     check: CheckFunction
     # The rule's findings in one statement can depend on statements it reaches by no name
     # (a file-wide habit, a decorator anywhere): an editor's incremental analysis runs it on
-    # the whole file (see `incremental.py`; its parity test finds rules that need this).
-    whole_file: bool = False
+    # the whole file (see `incremental.py`; its parity test finds rules that need this). A
+    # tuple of strings: only when the text holds one of them (the rule reports nothing on
+    # a text without them), so files that cannot concern it pay nothing.
+    whole_file: bool | tuple[str, ...] = False
+
+    def needs_whole_file(self, text: str) -> bool:
+        if isinstance(self.whole_file, tuple):
+            return any(marker in text for marker in self.whole_file)
+        return self.whole_file
 
 
 RULES: dict[str, Rule] = {}
@@ -62,7 +69,7 @@ def rule(
     severity: str,
     summary: str,
     fix: FixAvailability = "none",
-    whole_file: bool = False,
+    whole_file: bool | tuple[str, ...] = False,
 ) -> Callable[[CheckFunction], CheckFunction]:
     """Register a check function under `code`; `severity` is "E", "W" or "I". `whole_file`:
     see `Rule.whole_file`."""

@@ -391,7 +391,8 @@ def _guarded(facts: Facts, node: ast.AST) -> bool:
     "run-eagerly-left-on",
     "I",
     "compile(run_eagerly=True) / tf.config.run_functions_eagerly(True) left in training code",
-    whole_file=True,  # "a script that trains" is a property of the whole file
+    # "A script that trains" is a property of the whole file; without the call, nothing.
+    whole_file=("run_eagerly", "run_functions_eagerly"),
 )
 def run_eagerly_left_on(facts: Facts) -> Iterator[Hit]:
     """
