@@ -59,9 +59,11 @@ pathological file must not stall diagnostics. The variable exists for tests and 
 TRIM_DELAY_S = 1.0
 """After the last of a burst of didClose, how long to wait before handing freed memory back."""
 
-KEEP_PARSED = 32
-"""Parse trees kept for the most recently analysed documents (an edit re-parses only the
-statements it touched); another document's next edit parses it whole once (milliseconds)."""
+KEEP_PARSED = 8
+"""Parse trees (and complete findings) kept for the most recently analysed documents: an edit
+re-parses only the statements it touched and re-analyses only what they reach. Another
+document's next edit is analysed whole once. Eight, not more: with 200 real files open the
+kept trees were most of the server's memory (bench/memory_soak.py: 32 kept, 154 MiB)."""
 
 MAX_DOCUMENT_CHARS = 5_000_000
 """Documents larger than this are not analysed (no training script is this long)."""
