@@ -427,13 +427,12 @@ def use_system_allocator() -> None:
         return
     if not sys.platform.startswith("linux") or "PYTHONMALLOC" in os.environ:
         return
-    if not sys.executable:
+    if not sys.executable or len(sys.orig_argv) < 2:
         return
-    import subprocess
-
     env = {**os.environ, **SERVER_ALLOCATOR, _ALLOCATOR_MARK: "1"}
-    flags = subprocess._args_from_interpreter_flags()  # -I, -X options: the same interpreter
-    argv = [sys.executable, *flags, "-m", "torchls", *sys.argv[1:]]
+    # The very command line this interpreter was started with (its flags, `-m torchls` or
+    # the console script), so the server starts over exactly as the editor started it.
+    argv = [sys.executable, *sys.orig_argv[1:]]
     sys.stdout.flush()
     sys.stderr.flush()
     try:

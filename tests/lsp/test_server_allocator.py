@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -16,11 +17,17 @@ from torchls import cli
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
 
-def start_and_initialize(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
-    """Start `python -m torchls server`, get its answer to `initialize`, and read the
-    environment the process (same pid after an exec) runs with."""
+MODULE = [sys.executable, "-m", "torchls", "server"]
+SCRIPT = [str(Path(sys.executable).parent / "torchls"), "server"]  # the console script
+
+
+def start_and_initialize(
+    env: dict[str, str], command: list[str] = MODULE
+) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
+    """Start the server, get its answer to `initialize`, and read the environment the
+    process (same pid after an exec) runs with."""
     server = subprocess.Popen(
-        [sys.executable, "-m", "torchls", "server"],
+        command,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -45,9 +52,10 @@ def stop(server: subprocess.Popen[bytes]) -> None:
     server.wait(timeout=30)
 
 
-def test_the_server_runs_on_the_system_allocator() -> None:
+@pytest.mark.parametrize("command", [MODULE, SCRIPT], ids=["python -m torchls", "torchls"])
+def test_the_server_runs_on_the_system_allocator(command: list[str]) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONMALLOC", "MALLOC_ARENA_MAX")}
-    server, environ = start_and_initialize(env)
+    server, environ = start_and_initialize(env, command)
     try:
         assert environ.get("PYTHONMALLOC") == "malloc"
         assert environ.get("MALLOC_ARENA_MAX") == "2"
