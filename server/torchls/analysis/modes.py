@@ -106,8 +106,8 @@ class ModeAnalysis:
         facts = self.facts
         earlier = _earlier(facts)
         contributions = _contributions(facts)
-        matters = any(c.matters for c in contributions)
-        if earlier is not None and matters != any(c.matters for c in earlier):
+        matters = _union_matters(contributions)
+        if earlier is not None and matters != _union_matters(earlier):
             raise WholeFileNeeded  # the statements outside may now matter, or no longer
         if not matters:
             return
@@ -711,7 +711,7 @@ class Contribution:
     whether one of its functions puts a model it was given in eval() itself. Kept on the
     statement's node, so an editor's reduced analysis reads those of statements outside it."""
 
-    matters: bool
+    matters: bool | None  # None: not decided (another statement already made modes matter)
     possible: frozenset[str] | None = None
     switched: frozenset[str] | None = None
     owns: bool | None = None
@@ -741,31 +741,54 @@ def _by_statement(facts: Facts, nodes: list[ast.AST]) -> dict[ast.AST, list[ast.
 
 def _contributions(facts: Facts) -> list[Contribution]:
     """The contribution of every top-level statement of the file: computed for those of this
-    tree (and kept on their nodes), read from the nodes for those outside it."""
+    tree (and kept on their nodes), read from the nodes for those outside it. Whether a
+    statement matters is worked out only as far as the file needs: once one statement's
+    mode switch makes modes matter, the others are left undecided (None), as the whole-file
+    test used to stop at the first switch; the costly test (a helper evaluating on some call
+    sites) runs only when nothing cheaper decided."""
+    outside = [_outside(stmt) for stmt in facts.outside]
+    decided = any(c.matters for c in outside)
     mode_calls = _by_statement(facts, list(facts.method_calls("eval", "train")))
-    functions = [
-        node
-        for node in facts.scope_nodes
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-    ]
-    functions_of = _by_statement(facts, functions)  # type: ignore[arg-type]
-    eval_loops = _by_statement(
-        facts, [loop for loop, role in facts.batch_loops.items() if role == "eval"]
-    )
+    matters: dict[ast.AST, bool | None] = {
+        stmt: True if stmt in mode_calls else None for stmt in facts.tree.body
+    }
+    if not decided and not mode_calls:
+        functions = [
+            node
+            for node in facts.scope_nodes
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        ]
+        functions_of = _by_statement(facts, functions)  # type: ignore[arg-type]
+        eval_loops = _by_statement(
+            facts, [loop for loop, role in facts.batch_loops.items() if role == "eval"]
+        )
+        for stmt in facts.tree.body:
+            own = functions_of.get(stmt, [])
+            if stmt in eval_loops or any(EVAL_FUNCTION_RE.match(f.name) for f in own):  # type: ignore[attr-defined]
+                matters[stmt] = True
+        if not any(matters.values()):
+            if any(c.matters is None for c in outside):
+                raise WholeFileNeeded
+            for stmt in facts.tree.body:
+                # `run_epoch(..., train=False)`: a loop that evaluates on some call sites.
+                matters[stmt] = any(
+                    facts.call_sites(f) and facts.evaluating_sites(f)  # type: ignore[arg-type]
+                    for f in functions_of.get(stmt, [])
+                )
     found: list[Contribution] = []
     for stmt in facts.tree.body:
-        own = functions_of.get(stmt, [])
-        matters = (
-            stmt in mode_calls
-            or stmt in eval_loops
-            or any(EVAL_FUNCTION_RE.match(f.name) for f in own)  # type: ignore[attr-defined]
-            # `run_epoch(..., train=False)`: a loop that evaluates on some call sites.
-            or any(facts.call_sites(f) and facts.evaluating_sites(f) for f in own)  # type: ignore[arg-type]
-        )
-        contribution = Contribution(matters)
+        contribution = Contribution(matters[stmt])
         setattr(stmt, _CONTRIBUTION_ATTR, contribution)
         found.append(contribution)
-    return [*found, *(_outside(stmt) for stmt in facts.outside)]
+    return [*found, *outside]
+
+
+def _union_matters(contributions: list[Contribution]) -> bool | None:
+    """Whether modes matter in the file: True once one statement says so, None when some
+    statement was left undecided and none says so."""
+    if any(c.matters for c in contributions):
+        return True
+    return None if any(c.matters is None for c in contributions) else False
 
 
 def _earlier(facts: Facts) -> list[Contribution] | None:
