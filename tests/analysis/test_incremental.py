@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from torchls.analysis import Finding, analyze
+from torchls.analysis import Finding, Span, analyze
 from torchls.analysis.incremental import plan
 from torchls.analysis.source import parse_source, reparse
 
@@ -201,3 +201,19 @@ def test_an_import_edit_or_an_edit_reaching_most_of_the_file_analyses_it_whole()
 def test_without_an_earlier_parse_relation_there_is_no_plan() -> None:
     fresh = parse_source(INDEPENDENT)
     assert plan(fresh, []) is None
+
+
+def test_a_finding_between_statements_comes_from_the_reduced_analysis() -> None:
+    earlier = analyze(INDEPENDENT, "train.py")
+    assert earlier.parsed is not None
+    edited = INDEPENDENT.replace("def helper_a(", "# a note\ndef helper_a(", 1)
+    reduced = plan(reparse(earlier.parsed, edited), earlier.findings)
+    assert reduced is not None
+    comment_row = edited.split("\n").index("# a note") + 1
+    between = Finding(
+        "TL999", "on a comment", "information", Span.of(comment_row, 0, comment_row, 8)
+    )
+    inside_kept = Finding("TL999", "in helper_b", "information", reduced.kept[0].span)
+    merged = reduced.merge([between, inside_kept])
+    assert between in merged  # no statement owns the row: the reduced analysis answers for it
+    assert inside_kept not in merged  # helper_b was not re-analysed: its earlier findings stand

@@ -57,17 +57,17 @@ class Plan:
         affected statement (or outside every statement), those of the rules run on the whole
         file, and the kept earlier ones."""
         fresh = [
-            f
-            for f in findings
-            if f.code in self.whole_file or self._owner(f.span.start.row) in self.affected
+            f for f in findings if f.code in self.whole_file or self._fresh_at(f.span.start.row)
         ]
         merged = [*fresh, *self.kept]
         merged.sort(key=lambda f: (f.span.start, f.code))
         return merged
 
-    def _owner(self, row: int) -> int:
-        """Index of the statement holding `row`, or -1 between statements (always fresh)."""
-        return _owner(self.rows, row)
+    def _fresh_at(self, row: int) -> bool:
+        """Whether the reduced analysis answers for `row`: it lies in an affected statement,
+        or between statements (no earlier finding there is kept)."""
+        owner = _owner(self.rows, row)
+        return owner < 0 or owner in self.affected
 
 
 def plan(
