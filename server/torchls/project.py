@@ -36,6 +36,8 @@ class ProjectView(CachedView):
     module by its file path; jedi is asked only where the index could not walk the project
     (no root folder, or a tree past its size limit)."""
 
+    complete = True
+
     def resolve(self, facts: Facts, local_name: str) -> Definition | None:
         return self.workspace.resolve(facts, local_name)
 

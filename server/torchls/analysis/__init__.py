@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -38,6 +38,7 @@ __all__ = [
     "Workspace",
     "all_rules",
     "analyze",
+    "collector_paused",
     "forget_caches",
     "get_rule",
     "loss_contract_at",
@@ -88,22 +89,31 @@ def analyze(
     analysed again and the others keep their findings (`incremental.py`)."""
     # The analysis allocates hundreds of thousands of small objects; letting the cyclic GC
     # scan the (large, acyclic) syntax tree over and over costs more than the analysis itself.
-    gc_was_enabled = gc.isenabled()
+    with collector_paused(), _analysing(workspace):
+        return _analyze(
+            source,
+            filename,
+            enabled,
+            respect_noqa,
+            workspace,
+            previous,
+            budget_s,
+            previous_findings,
+        )
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """No automatic cyclic garbage collection inside (restored as it was after). The
+    analysis breaks the cycles it makes itself (`Facts.release`), so little is left for the
+    collector; what it would do meanwhile is scan every syntax tree and fact table still
+    alive, again and again as they age."""
+    was_enabled = gc.isenabled()
     gc.disable()
     try:
-        with _analysing(workspace):
-            return _analyze(
-                source,
-                filename,
-                enabled,
-                respect_noqa,
-                workspace,
-                previous,
-                budget_s,
-                previous_findings,
-            )
+        yield
     finally:
-        if gc_was_enabled:
+        if was_enabled:
             gc.enable()
 
 

@@ -452,6 +452,10 @@ class CachedView:
     """A `Workspace` stand-in that never calls jedi: unknown imports resolve to nothing and
     set `missed`. Used for the editor's fast first pass."""
 
+    # Whether this view answers every question as its workspace would (a subclass for a
+    # full pass says so): then what is derived through it is the workspace's answer too.
+    complete = False
+
     def __init__(self, workspace: Workspace) -> None:
         self.workspace = workspace
         self.missed = False

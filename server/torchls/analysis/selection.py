@@ -10,6 +10,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import PurePath
 
 
@@ -62,6 +63,32 @@ class RuleSelection:
                 if _path_matches(filename, pattern) and _best_match(code, codes) >= 0:
                     return False
         return True
+
+    def enabled_codes(self, codes: tuple[str, ...], filename: str | None = None) -> tuple[str, ...]:
+        """Those of `codes` this selection enables for `filename` (in their order). A project
+        check asks the same question for every file, so answers are remembered; the file name
+        only matters when there are per-file ignores."""
+        return _enabled_codes(
+            self.select,
+            self.ignore,
+            self.extend_select,
+            tuple(self.per_file_ignores.items()),
+            codes,
+            filename if self.per_file_ignores else None,
+        )
+
+
+@lru_cache(maxsize=1024)
+def _enabled_codes(
+    select: tuple[str, ...],
+    ignore: tuple[str, ...],
+    extend_select: tuple[str, ...],
+    per_file_ignores: tuple[tuple[str, tuple[str, ...]], ...],
+    codes: tuple[str, ...],
+    filename: str | None,
+) -> tuple[str, ...]:
+    selection = RuleSelection(select, ignore, extend_select, dict(per_file_ignores))
+    return tuple(code for code in codes if selection.enabled(code, filename))
 
 
 def _path_matches(filename: str, pattern: str) -> bool:

@@ -136,7 +136,10 @@ def _resolution_context(facts: Facts) -> tuple[str, str]:
     view = getattr(workspace, "workspace", None)
     project = view if view is not None else workspace
     root = getattr(project, "root", None)
-    return ("view" if view is not None else "project", str(root))
+    # A check's view answers as the workspace does: the modules it follows into (built on
+    # the workspace itself) and the checked files then share one summary per function.
+    partial = view is not None and not getattr(workspace, "complete", False)
+    return ("view" if partial else "project", str(root))
 
 
 def forget_summaries() -> None:
