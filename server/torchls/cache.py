@@ -31,11 +31,9 @@ quietly: the check runs as if `--no-cache` had been given.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +41,7 @@ from typing import Any
 
 import torchls
 from torchls.analysis import Edit, Finding, Fix, Related, Span, SyntaxProblem
+from torchls.analysis.hashing import content_digest
 from torchls.analysis.index import NOT_PROJECT_DIRS
 
 CACHE_DIR_NAME = ".torchls_cache"  # one of NOT_PROJECT_DIRS: never walked, never a module
@@ -53,7 +52,7 @@ LAYOUT_LIMIT = 100_000  # files; past this the layout is not walked (and nothing
 
 
 def digest(data: bytes) -> str:
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
+    return content_digest(data)
 
 
 def file_digest(path: Path) -> str:
@@ -260,7 +259,15 @@ class ResultCache:
 
 
 def _write_atomically(target: Path, data: bytes) -> None:
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+    # A fresh name beside the target, as `tempfile.mkstemp` would make (not imported: its
+    # import costs every process more than the names it makes).
+    while True:
+        temporary = target.parent / f".tmp-{os.getpid()}-{os.urandom(6).hex()}"
+        try:
+            handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            break
+        except FileExistsError:
+            continue
     try:
         with os.fdopen(handle, "wb") as stream:
             stream.write(data)

@@ -18,11 +18,8 @@ same and the reports come back in the order the files were found.
 from __future__ import annotations
 
 import fnmatch
-import io
 import os
-import signal
-import subprocess
-import tokenize
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
@@ -261,6 +258,8 @@ class GitIgnored:
 
 def _git(folder: Path, *args: str) -> str | None:
     """git's stdout, or None when git is missing or fails (not a work tree, say)."""
+    import subprocess  # here: only a check inside a git work tree starts one
+
     try:
         done = subprocess.run(
             ["git", "-C", str(folder), *args],
@@ -431,11 +430,16 @@ def _open_cache(files: Sequence[Path], options: CheckOptions) -> ResultCache | N
 
 # --- analysing, in this process or in workers ---------------------------------------------------
 
-# A worker costs an interpreter start, and its own picture of the project's other files (and
-# of jedi's, for the imports the index cannot place): below this much source per worker
-# (about 15,000 lines, a second or two of analysis) one process is faster.
+# A started worker (spawn) costs an interpreter start and an import of torchls, and each
+# worker builds its own picture of the project's other files (and asks jedi again, for the
+# imports the index cannot place): below this much source per worker (about 15,000 lines, a
+# second or two of analysis) one process is faster.
 MIN_BYTES_PER_WORKER = 512 * 1024
 MIN_FILES_PER_WORKER = 4
+# A forked worker starts at once, as the parent: only its picture of the project is built
+# again, so it pays for itself on much less (measured: `bench/check_vs_ast.py --whole`).
+MIN_BYTES_PER_FORK = 48 * 1024
+MIN_FILES_PER_FORK = 2
 
 
 @dataclass(frozen=True)
@@ -565,19 +569,133 @@ class _Session:
 def _run_jobs(
     jobs: list[_Job], options: CheckOptions, each: Callable[[_Job, _Done], None]
 ) -> list[_Done]:
-    """The outcome of each job, in order: in this process, or across a pool of workers;
-    `each(job, outcome)` as each one is known."""
+    """The outcome of each job, in order: in this process, or across workers (forked from
+    this process where that is safe, else a pool of started ones); `each(job, outcome)` as
+    each one is known."""
+    forking = _can_fork()
     if options.jobs is not None:
         workers = min(options.jobs, len(jobs))  # asked for: as many as there are files
     else:
         size_of_work = sum(len(job.data) for job in jobs)
-        workers = min(
-            os.cpu_count() or 1,
-            len(jobs) // MIN_FILES_PER_WORKER,
-            size_of_work // MIN_BYTES_PER_WORKER,
+        files, size = (
+            (MIN_FILES_PER_FORK, MIN_BYTES_PER_FORK)
+            if forking
+            else (MIN_FILES_PER_WORKER, MIN_BYTES_PER_WORKER)
         )
+        workers = min(os.cpu_count() or 1, len(jobs) // files, size_of_work // size)
     if workers <= 1:
         return _Session.current(options).run_batch(jobs, each)
+    if forking:
+        return _run_forked(jobs, options, each, workers)
+    return _run_pool(jobs, options, each, workers)
+
+
+def _can_fork() -> bool:
+    """Whether workers can be forked from this process: on Linux, with no other thread
+    running (the CLI, which has analysed nothing yet). A process that has used jedi holds its
+    helper subprocess and reader threads, and a forked child would wait forever on their
+    locks; other systems do not fork safely under all their libraries."""
+    import threading
+
+    return (
+        sys.platform.startswith("linux") and hasattr(os, "fork") and threading.active_count() == 1
+    )
+
+
+def _shares(jobs: list[_Job], parts: int) -> list[list[_Job]]:
+    """`jobs` cut into `parts` runs of neighbours (which share imports: each process builds
+    its picture of their modules once) of about the same number of bytes."""
+    total = sum(len(job.data) for job in jobs)
+    shares: list[list[_Job]] = [[]]
+    done = 0
+    for job in jobs:
+        # Close the current share once it holds its part of the bytes, keeping at least one
+        # job for each share still to come.
+        if shares[-1] and len(shares) < parts and done >= total * len(shares) / parts:
+            shares.append([])
+        shares[-1].append(job)
+        done += len(job.data)
+    return shares
+
+
+def _run_forked(
+    jobs: list[_Job], options: CheckOptions, each: Callable[[_Job, _Done], None], workers: int
+) -> list[_Done]:
+    """The first share of the jobs analysed here, each other one in a forked child that hands
+    its outcomes back through a pipe. A child that dies or hands back nothing usable has its
+    share analysed here instead: nothing is lost."""
+    import pickle
+
+    shares = _shares(jobs, workers)
+    children: list[tuple[int, int, list[_Job]]] = []
+    try:
+        for share in shares[1:]:
+            reading, writing = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - the child; its outcomes are what the parent sees
+                _child(share, options, reading, writing)
+            os.close(writing)
+            children.append((pid, reading, share))
+        outcomes = _Session.current(options).run_batch(shares[0], each)
+        while children:
+            pid, reading, share = children.pop(0)
+            with os.fdopen(reading, "rb") as stream:
+                data = stream.read()
+            _, status = os.waitpid(pid, 0)
+            done: list[_Done] | None = None
+            if status == 0:
+                try:
+                    done = pickle.loads(data)
+                except Exception:  # a truncated or garbled hand-back: analyse the share here
+                    done = None
+            if not isinstance(done, list) or len(done) != len(share):
+                outcomes.extend(_Session.current(options).run_batch(share, each))
+                continue
+            for job, outcome in zip(share, done, strict=True):
+                each(job, outcome)
+            outcomes.extend(done)
+        return outcomes
+    finally:
+        for pid, reading, _ in children:  # only when stopped early (Ctrl-C, an error)
+            os.close(reading)
+            _stop(pid)
+
+
+def _child(share: list[_Job], options: CheckOptions, reading: int, writing: int) -> None:
+    """A forked worker: analyse `share`, write the pickled outcomes to `writing`, and leave
+    without running anything of the parent's (exit handlers, buffered output)."""
+    status = 1
+    try:
+        import pickle
+        import signal
+
+        os.close(reading)
+        # Ctrl-C is the parent's to handle (it stops the children); no tracebacks from here.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        outcomes = _Session(options).run_batch(share)
+        with os.fdopen(writing, "wb") as stream:
+            stream.write(pickle.dumps(outcomes, protocol=pickle.HIGHEST_PROTOCOL))
+        status = 0
+    except BaseException:  # the parent analyses this share itself
+        pass
+    finally:
+        os._exit(status)
+
+
+def _stop(pid: int) -> None:
+    import signal
+
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+
+
+def _run_pool(
+    jobs: list[_Job], options: CheckOptions, each: Callable[[_Job, _Done], None], workers: int
+) -> list[_Done]:
+    """Across a pool of started workers, where forking is not safe."""
     # A few batches per worker: neighbours share imports (kept together, each worker builds
     # its picture of their modules once) and a slow batch does not hold up the others.
     size = max(1, -(-len(jobs) // (workers * 4)))
@@ -611,15 +729,16 @@ def _guarded(session: _Session, job: _Job) -> _Done:
 
 
 def _pool_context() -> BaseContext:
-    """Workers are started fresh (spawn), never forked: a process that has used jedi holds its
-    helper subprocess and reader threads, and a forked child waits forever on their locks.
-    Starting costs one import of torchls per worker (tens of milliseconds)."""
+    """Pool workers are started fresh (spawn), never forked (see `_can_fork`). Starting costs
+    one import of torchls per worker (tens of milliseconds)."""
     import multiprocessing
 
     return multiprocessing.get_context("spawn")
 
 
 def _start_worker(options: CheckOptions) -> None:
+    import signal
+
     # Ctrl-C is the parent's to handle: it stops the pool; workers must not print tracebacks.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _Session._current = _Session(options)
@@ -644,6 +763,9 @@ def _record_syntax(report: FileReport, result: AnalysisResult) -> None:
 
 def _encode_like(original: bytes, text: str) -> bytes:
     """Encode fixed text the way the original file was encoded (BOM, coding cookie)."""
+    import io
+    import tokenize
+
     encoding, _ = tokenize.detect_encoding(io.BytesIO(original).readline)
     return text.encode(encoding)
 

@@ -21,10 +21,17 @@ from typing import Any
 
 from torchls.analysis.selection import RuleSelection
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
+
+def _toml() -> Any:
+    """The TOML reader, imported when a file is to be read: most checks read none (a
+    pyproject.toml that never names torchls cannot configure it), and every `torchls` process
+    would pay for the import."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on Python 3.10 only
+        import tomli as tomllib
+    return tomllib
+
 
 KNOWN_KEYS = {"select", "ignore", "extend-select", "per-file-ignores", "exclude", "probe"}
 PROBE_KEYS = {
@@ -111,15 +118,19 @@ def find_pyproject(start: Path) -> Path | None:
 @lru_cache(maxsize=64)
 def _read_toml(path: Path, mtime: float) -> dict[str, Any]:
     with path.open("rb") as handle:
-        return tomllib.load(handle)
+        return _toml().load(handle)
 
 
 def _has_torchls_table(path: Path) -> bool:
     try:
+        # Whatever spelling a table takes (`[tool.torchls]`, `tool = {torchls = ...}`), it
+        # names torchls: a file that does not is no configuration of ours, read or not.
+        if b"torchls" not in path.read_bytes():
+            return False
         data = _read_toml(path, path.stat().st_mtime)
     except OSError:
         return False
-    except tomllib.TOMLDecodeError as error:
+    except _toml().TOMLDecodeError as error:
         # A broken file that meant to configure us must not silently fall back to defaults.
         try:
             mentions_us = b"[tool.torchls" in path.read_bytes()
@@ -193,10 +204,11 @@ def _reject_broken_pyproject(folder: Path) -> None:
     """
     for candidate in (folder / "pyproject.toml", *(p / "pyproject.toml" for p in folder.parents)):
         if candidate.is_file():
+            toml = _toml()
             try:
                 with candidate.open("rb") as handle:
-                    tomllib.load(handle)
-            except tomllib.TOMLDecodeError as error:
+                    toml.load(handle)
+            except toml.TOMLDecodeError as error:
                 raise ConfigError(f"{candidate}: cannot read: invalid TOML: {error}") from None
             except OSError as error:
                 raise ConfigError(f"{candidate}: cannot read: {error}") from None
@@ -308,7 +320,7 @@ def load_config_file(path: str | Path) -> ProjectConfig:
     path = Path(path).resolve()
     try:
         data = _read_toml(path, path.stat().st_mtime)
-    except (OSError, tomllib.TOMLDecodeError) as error:
+    except (OSError, _toml().TOMLDecodeError) as error:
         raise ConfigError(f"{path}: cannot read: {error}") from None
     table = data.get("tool", {}).get("torchls")
     if table is None:

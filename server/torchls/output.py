@@ -16,7 +16,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from torchls import __version__
 from torchls.analysis import Edit, Finding, Position, Rule, all_rules, get_rule
@@ -274,6 +273,8 @@ def _sarif_region(start: Position, end: Position) -> dict[str, int]:
 def _sarif_artifact(report: FileReport) -> dict[str, str]:
     """Where a file is: relative to %SRCROOT% (the working folder) when inside it, which is
     what code scanning maps onto the repository, else an absolute file URI."""
+    from urllib.parse import quote  # here: only SARIF output needs it
+
     display = report.display
     if display == "-" or not os.path.isabs(display):
         return {"uri": quote(display.replace(os.sep, "/")), "uriBaseId": SARIF_SRCROOT}

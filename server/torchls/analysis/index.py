@@ -43,6 +43,9 @@ class ProjectIndex:
         # Last dotted part -> (every dotted part, file) of each project module; walked once.
         self._tails: dict[str, list[tuple[tuple[str, ...], Path]]] | None = None
         self._walked = False
+        # Folder -> (names of its files, names of its folders): every import is looked for in
+        # the same few folders, most of them for a library module no folder holds.
+        self._listings: dict[Path, tuple[frozenset[str], frozenset[str]]] = {}
         self.lookups = 0
 
     def forget(self) -> None:
@@ -50,6 +53,7 @@ class ProjectIndex:
         with self._lock:
             self._modules.clear()
             self._under.clear()
+            self._listings.clear()
             self._tails = None
             self._walked = False
 
@@ -102,7 +106,7 @@ class ProjectIndex:
             base = importer.parent
             for _ in range(level - 1):
                 base = base.parent
-            return _module_at(base, parts) if parts else _package_init(base)
+            return self._module_at(base, parts) if parts else self._package_init(base)
         if not parts:
             return None
         # A script's own folder is on sys.path when it runs; so are the root and `src/`.
@@ -126,7 +130,7 @@ class ProjectIndex:
         with self._lock:
             if key in self._under:
                 return self._under[key]
-        found = _module_at(base, list(parts))
+        found = self._module_at(base, list(parts))
         with self._lock:
             self._under[key] = found
         return found
@@ -156,6 +160,52 @@ class ProjectIndex:
             return best[0][1]
         return None
 
+    def _module_at(self, base: Path, parts: list[str]) -> Path | None:
+        """`base/a/b.py` or `base/a/b/__init__.py` for parts `a`, `b` (resolved), if a file."""
+        folder = base
+        for part in parts[:-1]:
+            if part not in self._listing(folder)[1]:
+                return None
+            folder = folder / part
+        files, folders = self._listing(folder)
+        last = parts[-1]
+        if f"{last}.py" in files:
+            return (folder / f"{last}.py").resolve()
+        return self._package_init(folder / last) if last in folders else None
+
+    def _package_init(self, folder: Path) -> Path | None:
+        return (
+            (folder / "__init__.py").resolve()
+            if "__init__.py" in self._listing(folder)[0]
+            else None
+        )
+
+    def _listing(self, folder: Path) -> tuple[frozenset[str], frozenset[str]]:
+        """The names of the files and of the folders in `folder` (links followed, as
+        `Path.is_file` follows them); nothing for a folder that cannot be listed."""
+        with self._lock:
+            known = self._listings.get(folder)
+        if known is not None:
+            return known
+        files: set[str] = set()
+        folders: set[str] = set()
+        try:
+            with os.scandir(folder) as entries:
+                for entry in entries:
+                    try:
+                        if entry.is_file():
+                            files.add(entry.name)
+                        elif entry.is_dir():
+                            folders.add(entry.name)
+                    except OSError:
+                        continue
+        except OSError:
+            pass
+        listing = (frozenset(files), frozenset(folders))
+        with self._lock:
+            self._listings[folder] = listing
+        return listing
+
     def _inside(self, path: Path) -> bool:
         """Whether `path` (already resolved, as `_module_at` returns it) is under the root."""
         if self.root is None:
@@ -165,19 +215,6 @@ class ProjectIndex:
         except ValueError:
             return False
         return True
-
-
-def _module_at(base: Path, parts: list[str]) -> Path | None:
-    target = base.joinpath(*parts)
-    candidate = target.with_name(target.name + ".py")
-    if candidate.is_file():
-        return candidate.resolve()
-    return _package_init(target)
-
-
-def _package_init(folder: Path) -> Path | None:
-    init = folder / "__init__.py"
-    return init.resolve() if init.is_file() else None
 
 
 def _walk_modules(root: Path) -> dict[str, list[tuple[tuple[str, ...], Path]]] | None:

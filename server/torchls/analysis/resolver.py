@@ -16,7 +16,6 @@ definitions inside the workspace root count: libraries are not analysed.
 from __future__ import annotations
 
 import ast
-import hashlib
 import os
 import threading
 from collections import OrderedDict
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from torchls.analysis.hashing import content_digest
 from torchls.analysis.index import ProjectIndex
 
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ def _read_source(path: Path) -> str | None:
 
 
 def _digest(text: str) -> str:
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+    return content_digest(text.encode("utf-8", "surrogatepass"))
 
 
 class Workspace:

@@ -32,10 +32,11 @@ imports, so re-analysing an edited file does not re-walk unchanged helpers.
 from __future__ import annotations
 
 import ast
-import hashlib
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from torchls.analysis.hashing import content_digest
 
 if TYPE_CHECKING:
     from torchls.analysis.facts import Facts, FunctionNode
@@ -122,9 +123,7 @@ def _text_key(facts: Facts, function: FunctionNode) -> str:
             _resolution_context(facts),
         )
     )
-    return hashlib.blake2b(
-        f"{imports}\n{text}".encode(errors="replace"), digest_size=16
-    ).hexdigest()
+    return content_digest(f"{imports}\n{text}".encode(errors="replace"))
 
 
 def _resolution_context(facts: Facts) -> tuple[str, str]:
