@@ -206,8 +206,8 @@ def _reject_broken_pyproject(folder: Path) -> None:
         if candidate.is_file():
             toml = _toml()
             try:
-                with candidate.open("rb") as handle:
-                    toml.load(handle)
+                # Read once per version of the file however many folders it governs.
+                _read_toml(candidate, candidate.stat().st_mtime)
             except toml.TOMLDecodeError as error:
                 raise ConfigError(f"{candidate}: cannot read: invalid TOML: {error}") from None
             except OSError as error:

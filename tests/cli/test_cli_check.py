@@ -1,4 +1,5 @@
-"""`torchls check` in text format: finding lines, the summary, stderr problems, exit codes.
+"""`torchls check` in text format: finding lines, the summary, stderr problems, exit codes;
+and the command line's parser, built for the one command a run names.
 
 Each test runs the real command on files in a temporary folder and asserts what a user sees.
 """
@@ -6,6 +7,10 @@ Each test runs the real command on files in a temporary folder and asserts what 
 from __future__ import annotations
 
 import re
+
+import pytest
+
+from .conftest import Project
 
 # The findings of `data/buggy.py` these tests assert on: selected, so that a new rule firing on
 # the sample does not change what a test about plumbing sees.
@@ -237,3 +242,36 @@ def test_a_missing_path_alone_never_reads_as_all_checks_passed(project):
     assert "torchls: error: path not found: does_not_exist.py" in result.stderr
     assert "All checks passed!" not in result.stdout
     assert result.lines == ["No findings in the files checked; some paths could not be checked."]
+
+
+# --- one command's parser ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["check", "--output-format", "json", "--select", "TL1,TL2", "-j", "2", "a.py", "b"],
+        ["check", "--fix", "--unsafe-fixes", "--no-cache", "--color", "never"],
+        ["rule", "TL101", "--output-format", "json"],
+        ["repro", "train.py", "--steps", "3", "--device", "cpu"],
+        ["inspect", "model.pt"],
+        ["server", "--stdio"],
+    ],
+)
+def test_a_command_parses_the_same_with_only_its_own_parser_built(argv: list[str]):
+    from torchls.cli import build_parser
+
+    alone = build_parser(argv[0])
+    assert alone.parse_args(argv) == build_parser().parse_args(argv)
+    # Only that command was registered: the others are left out.
+    others = {"check", "rule", "repro", "inspect", "server"} - {argv[0]}
+    commands = alone._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert set(commands) == {argv[0]} and not others & set(commands)
+
+
+def test_an_unknown_command_is_told_every_command(project: Project):
+    result = project.run("chek", ".")
+    assert result.returncode == 2
+    assert "invalid choice: 'chek'" in result.stderr
+    for command in ("check", "rule", "repro", "inspect", "server"):
+        assert f"'{command}'" in result.stderr
