@@ -34,8 +34,6 @@ from torchls.analysis import (
     analyze,
     collector_paused,
 )
-from torchls.analysis.fix_engine import fix_until_stable
-from torchls.analysis.fixes import fixes_to_apply
 from torchls.analysis.index import NOT_PROJECT_DIRS
 from torchls.analysis.selection import normalise_selectors
 from torchls.cache import (
@@ -94,6 +92,9 @@ class FileReport:
 
 @dataclass
 class Discovery:
+    """The files a check found to analyse, the paths that do not exist, and those it could not
+    read."""
+
     files: list[Path] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     unreadable: list[FileReport] = field(default_factory=list)
@@ -411,6 +412,8 @@ def _enabled_codes(
 
 def _fixable(cached: CachedReport, unsafe: bool) -> bool:
     """Whether `--fix` has something to apply to a file whose findings came from the cache."""
+    from torchls.analysis.fixes import fixes_to_apply  # --fix only, as below
+
     return cached.error is None and bool(fixes_to_apply(cached.findings, unsafe=unsafe))
 
 
@@ -444,6 +447,8 @@ MIN_FILES_PER_FORK = 2
 
 @dataclass(frozen=True)
 class _Job:
+    """One file to analyse: its place in the output, its bytes as read, the rules in force."""
+
     index: int
     path: Path
     data: bytes
@@ -452,6 +457,8 @@ class _Job:
 
 @dataclass
 class _Done:
+    """What analysing a `_Job` produced, and what its cache entry needs."""
+
     report: FileReport
     content: bytes | None = None  # what the report is the analysis of; None: do not cache
     dependencies: dict[str, str] = field(default_factory=dict)
@@ -546,6 +553,8 @@ class _Session:
             report.findings = result.findings
             return None
         original = result.parsed.text if result.parsed is not None else ""
+        from torchls.analysis.fix_engine import fix_until_stable  # --fix only
+
         outcome = fix_until_stable(
             original,
             filename,

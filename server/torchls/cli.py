@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from torchls import __version__, inspect_cli, output, repro_cli
 from torchls.analysis import Rule, all_rules, get_rule
@@ -67,12 +67,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     (what a run of it parses identically, built in a fraction of the time: every `torchls
     check` process builds one). Any other word gets all of them, so help and the error for
     a mistyped command list every command."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="torchls",
         description="Find the bugs that make PyTorch training silently wrong.",
     )
     parser.add_argument("--version", action="version", version=f"torchls {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     adders = {
         "check": _add_check,
         "rule": _add_rule,
@@ -84,6 +84,45 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         if command not in adders or command == name:
             add(commands)
     return parser
+
+
+class _Formatter(argparse.HelpFormatter):
+    """argparse's own help layout, told the terminal's width as `shutil` would find it.
+    argparse imports `shutil` (and the compression modules it pulls in) to ask, in every
+    parser it builds, help or not: a few milliseconds of every torchls process."""
+
+    def __init__(
+        self,
+        prog: str,
+        indent_increment: int = 2,
+        max_help_position: int = 24,
+        width: int | None = None,
+    ) -> None:
+        if width is None:
+            width = _terminal_columns() - 2  # what argparse subtracts from shutil's answer
+        super().__init__(prog, indent_increment, max_help_position, width)
+
+
+class _Parser(argparse.ArgumentParser):
+    """An `ArgumentParser` laid out by `_Formatter` (its subcommands' parsers too)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+
+
+def _terminal_columns() -> int:
+    """`shutil.get_terminal_size().columns`: $COLUMNS, else the terminal of stdout, else 80."""
+    try:
+        columns = int(os.environ.get("COLUMNS", 0))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
 
 
 def _add_server(commands: argparse._SubParsersAction) -> None:

@@ -64,6 +64,8 @@ class ConfigError(Exception):
 
 @dataclass(frozen=True)
 class ProjectConfig:
+    """The `[tool.torchls]` table of one pyproject.toml (defaults when there is none)."""
+
     path: Path | None = None  # the pyproject.toml it came from
     select: tuple[str, ...] | None = None
     ignore: tuple[str, ...] = ()

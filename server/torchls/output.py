@@ -146,6 +146,8 @@ def _plural(count: int, singular: str, plural: str | None = None) -> str:
 
 @dataclass(frozen=True)
 class Statistic:
+    """One row of `--statistics`: a rule and how many findings it had."""
+
     code: str
     name: str
     count: int

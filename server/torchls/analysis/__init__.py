@@ -134,7 +134,6 @@ def _analyze(
     budget_s: float | None = None,
     previous_findings: Sequence[Finding] | None = None,
 ) -> AnalysisResult:
-    from torchls.analysis.incremental import plan
     from torchls.analysis.modes import WholeFileNeeded
     from torchls.analysis.source import reparse
 
@@ -151,6 +150,8 @@ def _analyze(
         whole_file = frozenset(r.code for r in rules if r.needs_whole_file(text))
         reduced = None
         if previous_findings is not None:
+            from torchls.analysis.incremental import plan  # an editor's edits only
+
             reduced = plan(parsed, previous_findings, whole_file)
         run = (parsed, filename, workspace, rules, respect_noqa, budget_s)
         try:

@@ -15,12 +15,16 @@ Applicability = Literal["safe", "unsafe"]
 
 @dataclass(frozen=True, order=True)
 class Position:
+    """A 1-based row and a 0-based column in code points."""
+
     row: int
     column: int
 
 
 @dataclass(frozen=True)
 class Span:
+    """The text from `start` to `end` (exclusive)."""
+
     start: Position
     end: Position
 
@@ -39,6 +43,8 @@ class Edit:
 
 @dataclass(frozen=True)
 class Fix:
+    """Edits that repair a finding, safe or unsafe to apply without review."""
+
     applicability: Applicability
     message: str
     edits: tuple[Edit, ...]
@@ -55,6 +61,8 @@ class Related:
 
 @dataclass(frozen=True)
 class Finding:
+    """One problem a rule reported: where, what, how bad, and how to fix it if known."""
+
     code: str
     message: str
     severity: Severity

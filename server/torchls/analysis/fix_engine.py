@@ -26,6 +26,8 @@ MAX_FIX_PASSES = 5
 
 @dataclass
 class FixOutcome:
+    """The text after applying fixes until none was left, and what is still to report."""
+
     text: str
     result: AnalysisResult  # the analysis of `text`: what remains to report
     fixed: int = 0

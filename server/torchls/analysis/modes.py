@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ModeFact:
+    """One mode a model may be in at a point, and the call that put it there."""
+
     # "train", "eval", "unknown", or "default": a parameter of a function nobody in this file
     # calls, whose mode nothing in sight changed (a module is built in training mode, so on
     # such a path it is in train mode unless someone calls eval()).
@@ -65,6 +67,9 @@ class CallInfo(NamedTuple):
 
 @dataclass
 class ModeAnalysis:
+    """The train/eval modes of one file: at each model call, at each call handing a model on, and
+    at each statement's entry."""
+
     facts: Facts
     # model-call node -> modes its receiver may be in; `None` key order is irrelevant.
     at_call: dict[ast.Call, frozenset[ModeFact]] = field(default_factory=dict)

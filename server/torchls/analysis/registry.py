@@ -40,6 +40,9 @@ CheckFunction = Callable[["Facts"], Iterable[Hit]]
 
 @dataclass(frozen=True)
 class Rule:
+    """A registered rule: its catalog entry (code, name, severity, summary, doc) and the function
+    that checks a file's facts."""
+
     code: str
     name: str
     severity: Severity

@@ -30,6 +30,8 @@ def _best_match(code: str, selectors: Iterable[str]) -> int:
 
 @dataclass(frozen=True)
 class RuleSelection:
+    """The selectors in force: which codes are enabled, for which files."""
+
     select: tuple[str, ...] = ("",)
     ignore: tuple[str, ...] = ()
     extend_select: tuple[str, ...] = ()

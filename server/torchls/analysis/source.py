@@ -55,6 +55,8 @@ def decode_source(data: bytes) -> str:
 
 @dataclass(frozen=True)
 class SyntaxProblem:
+    """The first syntax error of a file: where, and Python's message."""
+
     row: int
     column: int
     message: str
@@ -77,6 +79,9 @@ class Reparsed:
 
 @dataclass
 class ParsedSource:
+    """A file's text, its lines and its syntax tree (with the rows blanked to get past syntax
+    errors)."""
+
     text: str
     lines: list[str]
     tree: ast.Module

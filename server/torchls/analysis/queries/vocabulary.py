@@ -199,6 +199,8 @@ class Origin:
 
 @dataclass
 class ClassInfo:
+    """A class of the file: its node, its bases as written, its methods and `self` attributes."""
+
     node: ast.ClassDef
     bases: list[str]
     methods: dict[str, FunctionNode] = field(default_factory=dict)
