@@ -1,5 +1,5 @@
 """`python -m torchls ...`: how editors start the server with a chosen interpreter."""
 
-from torchls.cli import main
+from torchls.cli import run
 
-raise SystemExit(main())
+run()
