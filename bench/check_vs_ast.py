@@ -334,12 +334,14 @@ def whole_corpus(repeat: int, limit: int, with_torchfix: bool = True) -> None:
         return
     paths = [path for _, files in projects for path in files]
     lines = sum(path.read_bytes().count(b"\n") for path in paths)
+    rounds = max(1, repeat)
     print(
         f"\nwhole repositories (at most {limit} Python files each): {len(projects)} "
-        f"repositories, {len(paths)} files, {lines} lines; medians of {repeat} run(s)"
+        f"repositories, {len(paths)} files, {lines} lines; medians of {rounds} interleaved "
+        "round(s) (each round times every figure once, so a slow spell of a shared machine "
+        "weighs on all of them alike); TorchFix once"
     )
     figures = Figures(repeat)
-    measure = figures.measure
 
     def in_repository(command: list[str]) -> int:
         lines = 0
@@ -348,20 +350,37 @@ def whole_corpus(repeat: int, limit: int, with_torchfix: bool = True) -> None:
             lines += len(done.stdout.splitlines())
         return lines
 
-    measure("floor", lambda: floor(paths), max(3, repeat))
-    measure("in-file", lambda: analyse_each([(path, path.read_bytes()) for path in paths]))
-    measure("serial", lambda: check_in_process(projects, 1, None))
     torchls = [str(VENV_BIN / "torchls"), "check", "--exit-zero", "--no-cache", "."]
-    measure("process start", lambda: in_repository([sys.executable, "-c", "import torchls.cli"]))
-    measure("cli -j1", lambda: in_repository([*torchls[:-1], "--jobs", "1", "."]))
-    measure("cli", lambda: in_repository(torchls))
+    actions = {
+        "floor": lambda: floor(paths),
+        "in-file": lambda: analyse_each([(path, path.read_bytes()) for path in paths]),
+        "serial": lambda: check_in_process(projects, 1, None),
+        "bare start": lambda: in_repository([sys.executable, "-c", "pass"]),
+        "process start": lambda: in_repository([sys.executable, "-c", "import torchls.cli"]),
+        "cli -j1": lambda: in_repository([*torchls[:-1], "--jobs", "1", "."]),
+        "cli": lambda: in_repository(torchls),
+    }
+    floor(paths)  # the files into the page cache first: the floor is not a disk benchmark
+    times: dict[str, list[float]] = {name: [] for name in actions}
     torchfix = VENV_BIN / "torchfix"
-    if torchfix.is_file() and with_torchfix:
-        measure("torchfix", lambda: in_repository([str(torchfix), "."]), 1)
+    for round_ in range(rounds):
+        for name, action in actions.items():
+            times[name].append(timed(action)[0])
+        if round_ == 0 and torchfix.is_file() and with_torchfix:
+            figures["torchfix"] = timed(lambda: in_repository([str(torchfix), "."]))[0]
+    for name, taken in times.items():
+        figures[name] = statistics.median(taken)
+    if rounds > 1:
+        ratios = [c / f for c, f in zip(times["serial"], times["floor"], strict=True)]
+        print(
+            "  check cross-file serial / floor, round by round: "
+            + ", ".join(f"{ratio:.2f}x" for ratio in ratios)
+        )
     labels = {
         "floor": "floor: read + ast.parse + ast.walk",
         "in-file": "analyze(), in-file only (no project), in-process",
         "serial": "check, cross-file, no cache, serial, in-process",
+        "bare start": f"interpreter start alone (python -c pass), x{len(projects)} processes",
         "process start": f"interpreter start + import, x{len(projects)} processes",
         "cli -j1": "torchls check . CLI, no cache, --jobs 1",
         "cli": "torchls check . CLI, no cache, default jobs",
@@ -371,8 +390,10 @@ def whole_corpus(repeat: int, limit: int, with_torchfix: bool = True) -> None:
         if name in figures:
             figures.row(name, label)
     if "torchfix" in figures:
-        fastest = min(figures["cli -j1"], figures["cli"])
-        print(f"  TorchFix / torchls CLI: {figures['torchfix'] / fastest:.1f}x")
+        print(
+            f"  TorchFix / torchls CLI: {figures['torchfix'] / figures['cli']:.1f}x "
+            f"(default jobs), {figures['torchfix'] / figures['cli -j1']:.1f}x (--jobs 1)"
+        )
 
 
 def _cold(projects: list[tuple[Path, list[Path]]], command: list[str], folder: Path) -> int:
