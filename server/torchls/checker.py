@@ -11,12 +11,14 @@ outside a work tree, nothing is filtered).
 
 Each file is read once; files whose result cache entry (`torchls.cache`) still holds are not
 analysed again, and the rest are analysed in this process or, when there are enough of them,
-in a pool of worker processes (one per core by default). Either way each file's report is the
+in worker processes (one per core by default): forked from this one where that is safe (Linux,
+no other thread running), else a pool of started ones. Either way each file's report is the
 same and the reports come back in the order the files were found.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import os
 import sys
@@ -647,10 +649,11 @@ def _run_forked(
             children.append((pid, reading, share))
         outcomes = _Session.current(options).run_batch(shares[0], each)
         while children:
-            pid, reading, share = children.pop(0)
+            pid, reading, share = children[0]
             with os.fdopen(reading, "rb") as stream:
                 data = stream.read()
             _, status = os.waitpid(pid, 0)
+            children.pop(0)
             done: list[_Done] | None = None
             if status == 0:
                 try:
@@ -666,7 +669,8 @@ def _run_forked(
         return outcomes
     finally:
         for pid, reading, _ in children:  # only when stopped early (Ctrl-C, an error)
-            os.close(reading)
+            with contextlib.suppress(OSError):
+                os.close(reading)  # (already closed if the stop came while reading it)
             _stop(pid)
 
 

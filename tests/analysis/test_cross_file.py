@@ -369,3 +369,23 @@ def test_a_final_export_after_an_epoch_loop_training_in_another_file(tmp_path: P
     script.write_text(EPOCH_SCRIPT)
     found = analyze(script.read_text(), str(script), workspace=Workspace(tmp_path)).findings
     assert [f.span.start.row for f in found if f.code == "TL304"] == [13]
+
+
+def test_a_check_and_the_modules_it_follows_share_one_summary_context(tmp_path) -> None:
+    """A check's `ProjectView` answers as its workspace does, so the summaries of a function
+    reached from a checked file and from a module it imports are the same entry; the
+    editor's fast `CachedView`, which may miss names, keeps its own."""
+    from torchls.analysis.facts import build_facts
+    from torchls.analysis.resolver import Workspace
+    from torchls.analysis.source import parse_source
+    from torchls.analysis.summaries import _resolution_context
+    from torchls.project import ProjectView
+
+    workspace = Workspace(tmp_path)
+    parsed = parse_source("def f(x):\n    return x\n")
+    name = str(tmp_path / "a.py")
+    on_workspace = _resolution_context(build_facts(parsed, name, workspace))
+    on_view = _resolution_context(build_facts(parsed, name, ProjectView(workspace)))  # type: ignore[arg-type]
+    on_cached = _resolution_context(build_facts(parsed, name, workspace.cached_view()))  # type: ignore[arg-type]
+    assert on_view == on_workspace == ("project", str(tmp_path.resolve()))
+    assert on_cached[0] == "view"

@@ -29,6 +29,20 @@ def test_per_file_ignores_match_relative_paths_and_names() -> None:
     assert selection.enabled("TL201", "tests/test_model.py")
 
 
+def test_enabled_codes_answer_as_enabled_does_file_by_file() -> None:
+    codes = ("TL101", "TL102", "TL201", "TL301")
+    plain = RuleSelection.from_lists(select=["TL1", "TL3"], ignore=["TL102"])
+    assert plain.enabled_codes(codes) == ("TL101", "TL301")
+    # Without per-file ignores the file does not matter; with them, it does, each time.
+    assert plain.enabled_codes(codes, "tests/x.py") == ("TL101", "TL301")
+    per_file = RuleSelection.from_lists(per_file_ignores={"tests/*.py": ["TL1"]})
+    assert per_file.enabled_codes(codes, "tests/x.py") == ("TL201", "TL301")
+    assert per_file.enabled_codes(codes, "train.py") == codes
+    assert per_file.enabled_codes(codes, "tests/x.py") == tuple(
+        code for code in codes if per_file.enabled(code, "tests/x.py")
+    )
+
+
 def test_add_code_to_noqa_line() -> None:
     assert add_code_to_line("x = f(y)", "TL101") == "x = f(y)  # noqa: TL101"
     assert add_code_to_line("x = f(y)  # noqa: TL302", "TL101") == "x = f(y)  # noqa: TL302, TL101"

@@ -145,3 +145,47 @@ def test_shares_are_runs_of_neighbours_of_about_the_same_size():
     # Never more shares than jobs, and never an empty one.
     assert [len(s) for s in _shares(jobs[:2], 4)] == [1, 1]
     assert [len(s) for s in _shares([job(0, 100), job(1, 1), job(2, 1)], 2)] == [1, 2]
+
+
+def test_no_cyclic_collection_runs_while_a_project_is_checked(corpus: Path, monkeypatch):
+    """The collector is paused from the first file to the release of the project's picture,
+    and as it was afterwards (a collection mid-check would scan every kept parse)."""
+    import gc
+
+    from torchls import checker
+    from torchls.checker import CheckOptions, ConfigResolver, check_paths, discover
+
+    collections: list[int] = []
+    enabled_at_each_file: list[bool] = []
+    collections_by_then: list[int] = []
+    real_run = checker._Session.run
+    real_finish = checker._Session.finish.__func__  # type: ignore[attr-defined]
+
+    def recording(self, job):
+        enabled_at_each_file.append(gc.isenabled())
+        collections_by_then.append(len(collections))
+        return real_run(self, job)
+
+    def finishing(cls, options):
+        real_finish(cls, options)
+        collections_by_then.append(len(collections))  # the picture released: still none
+
+    monkeypatch.setattr(checker._Session, "run", recording)
+    monkeypatch.setattr(checker._Session, "finish", classmethod(finishing))
+
+    def count(phase: str, info: dict) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    resolver = ConfigResolver(corpus / "pyproject.toml")
+    files = discover([str(corpus / "examples")], resolver).files
+    assert gc.isenabled()
+    gc.callbacks.append(count)
+    try:
+        reports = check_paths(files, resolver, CheckOptions(root=corpus, jobs=1, cache=False))
+    finally:
+        gc.callbacks.remove(count)
+    assert len(enabled_at_each_file) == len(files) > 5 and not any(enabled_at_each_file)
+    assert collections_by_then == [0] * (len(files) + 1)
+    assert gc.isenabled()
+    assert sum(len(report.findings) for report in reports) > 5
