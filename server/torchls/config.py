@@ -125,20 +125,17 @@ def _read_toml(path: Path, mtime: float) -> dict[str, Any]:
 
 def _has_torchls_table(path: Path) -> bool:
     try:
+        raw = path.read_bytes()
         # Whatever spelling a table takes (`[tool.torchls]`, `tool = {torchls = ...}`), it
         # names torchls: a file that does not is no configuration of ours, read or not.
-        if b"torchls" not in path.read_bytes():
+        if b"torchls" not in raw:
             return False
         data = _read_toml(path, path.stat().st_mtime)
     except OSError:
         return False
     except _toml().TOMLDecodeError as error:
         # A broken file that meant to configure us must not silently fall back to defaults.
-        try:
-            mentions_us = b"[tool.torchls" in path.read_bytes()
-        except OSError:
-            mentions_us = False
-        if mentions_us:
+        if b"[tool.torchls" in raw:
             raise ConfigError(f"{path}: invalid TOML: {error}") from None
         return False
     return isinstance(data.get("tool", {}).get("torchls"), dict)

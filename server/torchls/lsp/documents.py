@@ -603,10 +603,8 @@ def analyse_snapshot(
         filename = path or snapshot.uri
         workspace = project.workspace if isinstance(project, ProjectView) else project
         view = workspace.cached_view() if workspace is not None and not cross_file else None
-        context = (
-            priors[1:] if priors is not None else (),
-            frozenset(r.code for r in all_rules() if selection.enabled(r.code, relative)),
-        )
+        enabled = frozenset(selection.enabled_codes(tuple(r.code for r in all_rules()), relative))
+        context = (priors[1:] if priors is not None else (), enabled)
         prior = priors[0].pop(snapshot.uri, None) if priors is not None else None
         reusable = (
             prior is not None
@@ -618,7 +616,7 @@ def analyse_snapshot(
         result = analyze(
             snapshot.source,
             filename,
-            enabled=lambda code: selection.enabled(code, relative),
+            enabled=enabled.__contains__,
             workspace=(view or project) if path is not None else None,
             previous=previous,
             budget_s=ANALYSIS_BUDGET_S,
