@@ -35,7 +35,6 @@ import json
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,7 @@ import torchls
 from torchls.analysis import Edit, Finding, Fix, Related, Span, SyntaxProblem
 from torchls.analysis.hashing import content_digest
 from torchls.analysis.index import NOT_PROJECT_DIRS
+from torchls.records import field, record
 
 CACHE_DIR_NAME = ".torchls_cache"  # one of NOT_PROJECT_DIRS: never walked, never a module
 SCHEMA = 1
@@ -129,7 +129,7 @@ def layout_digest(root: Path | None) -> str | None:
 # --- entries --------------------------------------------------------------------------------
 
 
-@dataclass
+@record
 class CachedReport:
     """What a cache entry gives back: the analysis part of a `FileReport`."""
 

@@ -23,7 +23,6 @@ import fnmatch
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
@@ -45,6 +44,7 @@ from torchls.cache import (
 )
 from torchls.config import ConfigResolver, ProjectConfig
 from torchls.project import ProjectView, ReadGraph, ReadRecorder
+from torchls.records import field, record, replace
 
 if TYPE_CHECKING:
     from multiprocessing.context import BaseContext
@@ -57,7 +57,7 @@ SKIPPED_DIRS = NOT_PROJECT_DIRS
 STDIN = "-"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CheckOptions:
     """What the command line asks for, beyond the paths."""
 
@@ -77,7 +77,7 @@ class CheckOptions:
     jobs: int | None = None
 
 
-@dataclass
+@record
 class FileReport:
     """The outcome for one file. `error` set means it could not be analysed at all."""
 
@@ -92,7 +92,7 @@ class FileReport:
     notes: list[str] = field(default_factory=list)  # non-fatal problems worth a stderr line
 
 
-@dataclass
+@record
 class Discovery:
     """The files a check found to analyse, the paths that do not exist, and those it could not
     read."""
@@ -447,7 +447,7 @@ MIN_BYTES_PER_FORK = 48 * 1024
 MIN_FILES_PER_FORK = 2
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class _Job:
     """One file to analyse: its place in the output, its bytes as read, the rules in force."""
 
@@ -457,7 +457,7 @@ class _Job:
     enabled: tuple[str, ...]
 
 
-@dataclass
+@record
 class _Done:
     """What analysing a `_Job` produced, and what its cache entry needs."""
 

@@ -21,7 +21,6 @@ import os
 import subprocess
 import tarfile
 import tempfile
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +29,13 @@ from torchls.probe.prepare import prepare
 from torchls.probe.report import ReproReport
 from torchls.probe.runner import Extras, run_cold
 from torchls.probe.sources import ProjectSources
+from torchls.records import field, record, replace
 
 SERIOUS = ("error", "warning")
 MAX_REPEAT = 20
 
 
-@dataclass
+@record
 class Side:
     """One side's runs: the file it ran, its root and a report per repeat."""
 
@@ -160,19 +160,19 @@ def traced_lines(side: Side, report: ReproReport) -> dict[str, dict[str, Any]]:
     """The first output of each traced line, keyed by the line's text."""
     sources = ProjectSources(side.root, allow=(str(side.file),))
     found: dict[str, dict[str, Any]] = {}
-    for record in report.data.get("lines") or []:
-        if os.path.realpath(str(record.get("filename"))) != os.path.realpath(side.file):
+    for line_record in report.data.get("lines") or []:
+        if os.path.realpath(str(line_record.get("filename"))) != os.path.realpath(side.file):
             continue
-        text = _line_text(sources, record.get("filename"), record.get("line")) or str(
-            record.get("line")
+        text = _line_text(sources, line_record.get("filename"), line_record.get("line")) or str(
+            line_record.get("line")
         )
-        entries = record.get("entries") or []
+        entries = line_record.get("entries") or []
         outputs = (entries[-1].get("outputs") or [{}]) if entries else [{}]
         first = outputs[0] if isinstance(outputs[0], dict) else {}
         found.setdefault(
             text,
             {
-                "line": record.get("line"),
+                "line": line_record.get("line"),
                 "shape": first.get("shape"),
                 "dtype": first.get("dtype"),
                 "finite": not any(e.get("nonfinite_count") for e in entries),

@@ -14,12 +14,12 @@ import re
 import shlex
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from torchls.analysis.selection import RuleSelection
+from torchls.records import field, record
 
 
 def _toml() -> Any:
@@ -62,7 +62,7 @@ class ConfigError(Exception):
     """A `[tool.torchls]` table that cannot be used; the message names file and key."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ProjectConfig:
     """The `[tool.torchls]` table of one pyproject.toml (defaults when there is none)."""
 

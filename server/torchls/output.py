@@ -13,13 +13,13 @@ import os
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torchls import __version__
 from torchls.analysis import Edit, Finding, Position, Rule, all_rules, get_rule
 from torchls.checker import FileReport
+from torchls.records import record
 
 SARIF_SCHEMA = (
     "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
@@ -27,7 +27,7 @@ SARIF_SCHEMA = (
 SARIF_SRCROOT = "%SRCROOT%"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Style:
     """ANSI styling, or none: decided once by the CLI (TTY, NO_COLOR, --color)."""
 
@@ -144,7 +144,7 @@ def _plural(count: int, singular: str, plural: str | None = None) -> str:
 # --- statistics ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Statistic:
     """One row of `--statistics`: a rule and how many findings it had."""
 

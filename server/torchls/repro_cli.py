@@ -227,10 +227,10 @@ def _launch_folder(options: object) -> object:
     """The script runs from where torchls was launched, unless --cwd or [tool.torchls.probe]
     say otherwise; a launch folder the sandbox cannot show (a home folder) gives the root."""
     import os
-    from dataclasses import replace
     from pathlib import Path
 
     from torchls.probe.prepare import unfit_folder
+    from torchls.records import replace
 
     if getattr(options, "cwd", None) is not None:
         return options

@@ -117,7 +117,7 @@ def check(project: Project, **options) -> dict[str, list[str]]:
 
 
 def _replace(options: CheckOptions, **changes) -> CheckOptions:
-    from dataclasses import replace
+    from torchls.records import replace
 
     return replace(options, **changes)
 

@@ -18,13 +18,13 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from tests.probe.support import bwrap_usable, codes, layer, leftovers
 from torchls.probe import ReproCancelled, ReproOptions, ReproUsageError, run_repro
+from torchls.records import replace
 
 if not sys.platform.startswith("linux"):
     pytest.skip("the distributed repro is tested on Linux", allow_module_level=True)

@@ -10,7 +10,6 @@ marked with the other rank's values, and the options that cannot work are refuse
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from torchls.lsp.settings import Settings, apply_settings
 from torchls.probe import ReproOptions, ReproUsageError
 from torchls.probe.distributed import merge, torchrun_arguments, torchrun_failures
 from torchls.probe.prepare import prepare
+from torchls.records import replace
 
 SCRIPT = """\
 import torch.distributed as dist

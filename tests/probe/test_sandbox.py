@@ -7,7 +7,6 @@ import os
 import socket
 import sys
 import uuid
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from tests.probe import cases
 from tests.probe.support import bwrap_usable, layer, leftovers
 from torchls.probe.cgroup import PidsCgroup
 from torchls.probe.sandbox import Decisions, describe_layers, limit_layers, limits_for, plan
+from torchls.records import replace
 
 needs_bwrap = pytest.mark.skipif(not bwrap_usable(), reason="bubblewrap is not usable here")
 

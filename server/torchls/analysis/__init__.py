@@ -11,13 +11,13 @@ import gc
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from torchls.analysis.findings import Edit, Finding, Fix, Position, Related, Span
 from torchls.analysis.registry import RULES, Hit, Rule, all_rules, get_rule
 from torchls.analysis.resolver import CachedView, Workspace, imports_project_names
 from torchls.analysis.source import ParsedSource, SourceError, SyntaxProblem, decode_source
+from torchls.records import field, record
 
 if TYPE_CHECKING:
     from torchls.analysis.contracts import ContractTable
@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 
-@dataclass
+@record
 class AnalysisResult:
     """Findings (sorted by position) for one file, plus what kept the analysis from being whole.
 

@@ -9,12 +9,12 @@ position by a look-up (the editor builds it once per version).
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
 from pathlib import Path
 
 from torchls.analysis.facts import Facts, LossCall
 from torchls.analysis.losses import CONTRACTS, loss_kind_of_call
 from torchls.analysis.queries.tensors import activation_of, float_cast
+from torchls.records import record
 
 
 def _describe_input(facts: Facts, loss_call: LossCall) -> str | None:
@@ -54,7 +54,7 @@ def contract_markdown_at(facts: Facts, row: int, column: int) -> str | None:
 Position = tuple[int, int]  # (1-based row, 0-based code-point column)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ContractTable:
     """Every place of one file version where a hover shows a loss contract, with its
     Markdown: built once per version, so a hover is a look-up instead of an analysis."""

@@ -6,14 +6,15 @@ Positions are 1-based rows and 0-based columns counted in Unicode code points, t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Literal
+
+from torchls.records import field, record
 
 Severity = Literal["error", "warning", "information"]
 Applicability = Literal["safe", "unsafe"]
 
 
-@dataclass(frozen=True, order=True)
+@record(frozen=True, order=True)
 class Position:
     """A 1-based row and a 0-based column in code points."""
 
@@ -21,7 +22,7 @@ class Position:
     column: int
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Span:
     """The text from `start` to `end` (exclusive)."""
 
@@ -33,7 +34,7 @@ class Span:
         return cls(Position(row, column), Position(end_row, end_column))
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Edit:
     """Replace the text between `span.start` and `span.end` with `content`."""
 
@@ -41,7 +42,7 @@ class Edit:
     content: str
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Fix:
     """Edits that repair a finding, safe or unsafe to apply without review."""
 
@@ -50,7 +51,7 @@ class Fix:
     edits: tuple[Edit, ...]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Related:
     """A second location that explains a finding (where the softmax was applied, say)."""
 
@@ -59,7 +60,7 @@ class Related:
     filename: str | None = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Finding:
     """One problem a rule reported: where, what, how bad, and how to fix it if known."""
 

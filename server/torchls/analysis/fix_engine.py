@@ -16,15 +16,15 @@ Policy, in one place:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from torchls.analysis import AnalysisResult, Finding, Workspace, analyze
 from torchls.analysis.fixes import apply_fixes, fixes_to_apply
+from torchls.records import record
 
 MAX_FIX_PASSES = 5
 
 
-@dataclass
+@record
 class FixOutcome:
     """The text after applying fixes until none was left, and what is still to report."""
 

@@ -24,10 +24,10 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
 
 from torchls.analysis.findings import Edit, Finding, Fix, Position, Related, Span
 from torchls.analysis.source import ParsedSource, Reparsed
+from torchls.records import record, replace
 
 MAX_SHARE = 0.5
 """Above this share of the file's statements, the reduced analysis would save too little to
@@ -39,7 +39,7 @@ _IMPORTS = (ast.Import, ast.ImportFrom)
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Plan:
     """The reduced module to analyse, and how to combine its findings with the earlier ones."""
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import ast
 import weakref
-from dataclasses import dataclass, field
 
 from torchls.analysis.facts import Facts, FunctionNode
+from torchls.records import field, record
 
 MAX_STEPS = 60  # how far a value is followed back (layer chains, rebindings)
 
@@ -211,7 +211,7 @@ def resolve(facts: Facts, expr: ast.expr | None) -> ast.expr | None:
 
 
 # ---------------------------------------------------------------------- layers and models
-@dataclass(frozen=True)
+@record(frozen=True)
 class Head:
     """What a model's output layer applies: `activation` is "softmax", "sigmoid", "linear" (no
     activation), another name ("relu"), and `where` is the node that sets it (the
@@ -222,7 +222,7 @@ class Head:
     layer: ast.AST  # the layer constructor (or the returned call) the head is
 
 
-@dataclass
+@record
 class KerasModel:
     """A Keras model built in this file: how (`sequential`, `functional`, `subclass`), where,
     its output head when it can be told, and whether it has Dropout/BatchNormalization."""
@@ -560,7 +560,7 @@ def _returned_head(facts: Facts, value: ast.expr) -> Head | None:
 
 
 # ---------------------------------------------------------------------- losses
-@dataclass(frozen=True)
+@record(frozen=True)
 class KerasLoss:
     """A Keras cross-entropy loss: its class name, its `from_logits` (True/False; None when it
     is not a literal), the node naming it and the `from_logits=` keyword when written."""
@@ -664,7 +664,7 @@ def prediction_model(facts: Facts, expr: ast.expr) -> KerasModel | None:
 
 
 # ---------------------------------------------------------------------- gradient tapes
-@dataclass(frozen=True)
+@record(frozen=True)
 class Tape:
     """One `with tf.GradientTape() as tape:` block and the tape's name."""
 

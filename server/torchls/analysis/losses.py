@@ -8,10 +8,10 @@ functional), with its input and target expressions, plus the documented contract
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from torchls.analysis.facts import LossCall, ObjectKind, parameter_default
+from torchls.records import record
 
 if TYPE_CHECKING:
     from torchls.analysis.facts import ClassInfo, Facts
@@ -29,7 +29,7 @@ FUNCTIONAL_LOSSES = {
 }
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Contract:
     input: str
     target: str

@@ -12,17 +12,17 @@ mapped to parameters), and a call to an in-file helper applies that helper's eff
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from torchls.analysis.facts import EVAL_FUNCTION_RE
 from torchls.analysis.queries.vocabulary import _child_statements
+from torchls.records import field, record
 
 if TYPE_CHECKING:
     from torchls.analysis.facts import Facts, FunctionNode
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ModeFact:
     """One mode a model may be in at a point, and the call that put it there."""
 
@@ -65,7 +65,7 @@ class CallInfo(NamedTuple):
     function: FunctionNode | None
 
 
-@dataclass
+@record
 class ModeAnalysis:
     """The train/eval modes of one file: at each model call, at each call handing a model on, and
     at each statement's entry."""
@@ -708,7 +708,7 @@ class WholeFileNeeded(Exception):
     to the file-wide mode inputs, and no earlier analysis left it on that statement."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Contribution:
     """What one top-level statement adds to the mode analysis's file-wide inputs: whether it
     can make mode findings matter (a mode switch, an evaluation loop or function), and, once

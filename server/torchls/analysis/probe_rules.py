@@ -8,7 +8,6 @@ registry: `all_rules()`, `--select` and the README table list only what `torchls
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -297,7 +296,7 @@ PROBE_RULES: dict[str, Rule] = {
         SEVERITY_LETTERS[severity],
         summary,
         "none",
-        inspect.cleandoc(doc),
+        doc,
         _runtime_only,
     )
     for code, (name, severity, summary, doc) in _DOCS.items()

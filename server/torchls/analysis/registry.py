@@ -7,12 +7,11 @@ documentation (what it catches, why, an example, the fix), printed by `torchls r
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from torchls.analysis.findings import Fix, Related, Severity, Span
+from torchls.records import field, record
 
 if TYPE_CHECKING:
     import ast
@@ -24,7 +23,7 @@ FixAvailability = Literal["safe", "unsafe", "none"]
 SEVERITY_LETTERS: dict[str, Severity] = {"E": "error", "W": "warning", "I": "information"}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Hit:
     """What a rule reports: where (a node or a span), what, and optionally how to fix it."""
 
@@ -38,7 +37,7 @@ class Hit:
 CheckFunction = Callable[["Facts"], Iterable[Hit]]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Rule:
     """A registered rule: its catalog entry (code, name, severity, summary, doc) and the function
     that checks a file's facts."""
@@ -48,7 +47,7 @@ class Rule:
     severity: Severity
     summary: str
     fix: FixAvailability
-    doc: str
+    docstring: str  # as written: `doc` is the cleaned text
     check: CheckFunction
     # The rule's findings in one statement can depend on statements it reaches by no name
     # (a file-wide habit, a decorator anywhere): an editor's incremental analysis runs it on
@@ -56,6 +55,14 @@ class Rule:
     # tuple of strings: only when the text holds one of them (the rule reports nothing on
     # a text without them), so files that cannot concern it pay nothing.
     whole_file: bool | tuple[str, ...] = False
+
+    @property
+    def doc(self) -> str:
+        """The documentation `torchls rule` prints: the docstring, dedented. Cleaned when
+        asked, so a check's process does not import `inspect` for text it never shows."""
+        import inspect
+
+        return inspect.cleandoc(self.docstring)
 
     def needs_whole_file(self, text: str) -> bool:
         if isinstance(self.whole_file, tuple):
@@ -80,8 +87,8 @@ def rule(
     def register(check: CheckFunction) -> CheckFunction:
         if code in RULES:
             raise ValueError(f"rule {code} registered twice")
-        doc = inspect.cleandoc(check.__doc__ or "")
         severity_ = SEVERITY_LETTERS[severity]
+        doc = check.__doc__ or ""
         RULES[code] = Rule(code, name, severity_, summary, fix, doc, check, whole_file)
         return check
 

@@ -21,12 +21,12 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from torchls.analysis.hashing import content_digest
 from torchls.analysis.index import ProjectIndex
+from torchls.records import record
 
 if TYPE_CHECKING:
     from torchls.analysis.facts import Facts
@@ -71,7 +71,7 @@ FACTS_LIMIT = 64
 Overlay = Callable[[Path], "str | None"]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Definition:
     """A resolved name: `node` (ClassDef or FunctionDef) in the file whose facts are `facts`."""
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import PurePath
+
+from torchls.records import field, record
 
 
 def normalise_selectors(selectors: Iterable[str]) -> tuple[str, ...]:
@@ -28,7 +29,7 @@ def _best_match(code: str, selectors: Iterable[str]) -> int:
     return max((len(s) for s in selectors if code.startswith(s)), default=-1)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class RuleSelection:
     """The selectors in force: which codes are enabled, for which files."""
 

@@ -11,9 +11,9 @@ import ast
 import codecs
 import re
 import warnings
-from dataclasses import dataclass, field
 
 from torchls.analysis.findings import Span
+from torchls.records import field, record
 
 MAX_RECOVERY_ATTEMPTS = 25
 BOM = "\ufeff"
@@ -53,7 +53,7 @@ def decode_source(data: bytes) -> str:
         ) from None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class SyntaxProblem:
     """The first syntax error of a file: where, and Python's message."""
 
@@ -62,7 +62,7 @@ class SyntaxProblem:
     message: str
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Reparsed:
     """How a parse relates to the earlier one it reused statements of (an editor's last
     version): the first `kept_before` and last `kept_after` top-level statements are the
@@ -77,7 +77,7 @@ class Reparsed:
     old_region: tuple[int, int]
 
 
-@dataclass
+@record
 class ParsedSource:
     """A file's text, its lines and its syntax tree (with the rows blanked to get past syntax
     errors)."""

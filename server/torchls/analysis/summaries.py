@@ -33,10 +33,10 @@ from __future__ import annotations
 
 import ast
 import threading
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from torchls.analysis.hashing import content_digest
+from torchls.records import record
 
 if TYPE_CHECKING:
     from torchls.analysis.facts import Facts, FunctionNode
@@ -48,7 +48,7 @@ _text_lock = threading.Lock()
 _SAVE = ("torch.save",)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Summary:
     """What calling a function does, in terms of its parameters (see the module docstring)."""
 

@@ -26,7 +26,6 @@ import re
 import sys
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -43,6 +42,7 @@ from torchls.config import config_or_defaults
 from torchls.lsp.positions import UTF16
 from torchls.lsp.settings import Settings
 from torchls.project import ProjectView
+from torchls.records import field, record
 
 if TYPE_CHECKING:
     from torchls.lsp.server import TorchLanguageServer
@@ -106,7 +106,7 @@ class LspWorkspace(Workspace):
         )
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Snapshot:
     """The text of one document version, taken when a request for diagnostics arrived."""
 
@@ -115,7 +115,7 @@ class Snapshot:
     source: str
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Prior:
     """A document's last complete findings (nothing left for the cross-file pass, no rule
     skipped), with the parse they belong to and what they were computed under: the next
@@ -127,7 +127,7 @@ class Prior:
     findings: tuple[Finding, ...]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Outcome:
     """What one analysis produced, ready for every feature that needs findings.
 
@@ -144,7 +144,7 @@ class Outcome:
     reanalysed: tuple[int, int] | None = None  # see `AnalysisResult.reanalysed`
 
 
-@dataclass
+@record
 class DocumentState:
     """Per open document: who may publish next, the last saved snapshot and a result cache."""
 
@@ -169,7 +169,7 @@ class DocumentState:
             task.cancel()
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Results:
     """An analysis for subscribers to publish: everything they need, so none calls back.
 

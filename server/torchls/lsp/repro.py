@@ -45,7 +45,6 @@ import itertools
 import logging
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +63,7 @@ from torchls.lsp.repro_state import ReproResult, build_result, read_baseline, re
 from torchls.lsp.server import Snapshot, TorchLanguageServer
 from torchls.lsp.settings import ProbeSettings, script_arguments
 from torchls.probe import leftovers, untrusted
+from torchls.records import field, record
 
 if TYPE_CHECKING:
     from torchls.probe import ProgressEvent, ReproOptions, ReproSession
@@ -76,7 +76,7 @@ ACTION_TITLE = "Run bounded repro"
 # -- arguments and options ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class RunRequest:
     """`torchls.runRepro`'s argument: what the CLI's flags say, for one run (None: the
     settings', else `[tool.torchls.probe]`'s value)."""
@@ -184,7 +184,7 @@ def probe_options(
     )
     if options.cwd is None:
         # The editor launches from the workspace: that is where relative paths are read.
-        from dataclasses import replace
+        from torchls.records import replace
 
         options = replace(options, cwd=str(root))
     return options, python, source
@@ -193,7 +193,7 @@ def probe_options(
 # -- running --------------------------------------------------------------------------------------
 
 
-@dataclass
+@record
 class Finished:
     report_data: dict[str, Any]
     # The report sorted by file, with the lines of the files it names read (safely, once) on
@@ -203,12 +203,12 @@ class Finished:
     python_source: str
 
 
-@dataclass
+@record
 class Failed:
     message: str
 
 
-@dataclass
+@record
 class Cancelled:
     pass
 
@@ -216,7 +216,7 @@ class Cancelled:
 Outcome = Finished | Failed | Cancelled
 
 
-@dataclass
+@record
 class ActiveRun:
     uri: str
     cancel: threading.Event = field(default_factory=threading.Event)

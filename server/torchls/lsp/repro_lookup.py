@@ -18,10 +18,10 @@ that thread, and neither question should cost the event loop a full walk of a la
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
 
 from torchls.analysis.facts import Facts, build_facts
 from torchls.analysis.source import ParsedSource, SourceError, parse_source
+from torchls.records import record
 
 Region = tuple[int, int]
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -58,7 +58,7 @@ def repro_regions(
     return sorted(set(regions))
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ValueSpan:
     """The expression a name's value comes from, in the current text (1-based rows, 0-based
     code-point columns, end exclusive)."""

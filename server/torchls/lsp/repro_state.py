@@ -25,12 +25,12 @@ from __future__ import annotations
 import difflib
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from torchls.analysis.source import split_lines
 from torchls.probe.sources import ProjectSources
+from torchls.records import field, record
 
 
 def real_path(path: str | os.PathLike[str]) -> str:
@@ -94,7 +94,7 @@ class LineMap:
         return all(self.new_row(row) is not None for row in old_rows)
 
 
-@dataclass
+@record
 class FileTrace:
     """One file's share of a run: its baseline text, findings, traced lines and NaN events."""
 
@@ -118,7 +118,7 @@ class FileTrace:
         return self.baseline[row - 1] if 1 <= row <= len(self.baseline) else ""
 
 
-@dataclass
+@record
 class ReproResult:
     """One finished run, started on document `uri`."""
 
@@ -188,9 +188,9 @@ def build_result(
     for finding in data.get("findings") or []:
         if (trace := trace_of(finding.get("filename"))) is not None:
             trace.findings.append(finding)
-    for record in data.get("lines") or []:
-        if (trace := trace_of(record.get("filename"))) is not None:
-            trace.lines[record["line"]] = record  # an int: the report was bounded
+    for line_record in data.get("lines") or []:
+        if (trace := trace_of(line_record.get("filename"))) is not None:
+            trace.lines[line_record["line"]] = line_record  # an int: the report was bounded
     for event in (data.get("nonfinite") or {}).get("events") or []:
         if (trace := trace_of(event.get("filename"))) is not None:
             trace.events.append(event)

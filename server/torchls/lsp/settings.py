@@ -19,16 +19,16 @@ the wrong type are dropped with a problem message rather than guessed at.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from torchls.config import DEVICE_CHOICES, DEVICE_PATTERN
+from torchls.records import field, record, replace
 
 SECTION = "torchls"
 RunMode = Literal["onType", "onSave"]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ProbeSettings:
     """The repro's settings; None means "not set": the probe's default (or, for `python`, the
     server's choice of interpreter) applies."""
@@ -46,7 +46,7 @@ class ProbeSettings:
     nproc: int | None = None  # ranks under torchrun (a distributed repro); None: one process
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Settings:
     """Effective settings. `select` None means "whatever pyproject.toml selects"."""
 

@@ -45,7 +45,6 @@ import stat
 import tempfile
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -69,6 +68,7 @@ from torchls.lsp.rule_docs import _option_layers
 from torchls.lsp.server import Snapshot, TorchLanguageServer
 from torchls.probe import untrusted
 from torchls.probe.leftovers import REPRO, owned_prefix
+from torchls.records import record
 
 T = TypeVar("T")
 
@@ -84,7 +84,7 @@ UNTRUSTED = (
 # -- the checkpoint literals of a document ----------------------------------------------------
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CheckpointCall:
     """A `torch.load`/`torch.save` call whose file is a string literal naming a regular file."""
 
@@ -286,7 +286,7 @@ async def off_loop(work: Callable[[], T], name: str) -> T:
 # -- the feature ------------------------------------------------------------------------------
 
 
-@dataclass
+@record
 class Inspection:
     loads: bool | None
     markdown: str
@@ -302,7 +302,7 @@ def file_stamp(path: str) -> tuple[int, int] | None:
     return info.st_mtime_ns, info.st_size
 
 
-@dataclass
+@record
 class Comparison:
     """The comparison behind a document's newest result, for its report."""
 

@@ -8,7 +8,6 @@ checks the values, raising `ReproUsageError` with a message fit for a person.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
 from typing import Any
 
 # Defined once in the configuration service, which the CLI, the server and the probe share.
@@ -21,6 +20,7 @@ from torchls.config import (
     DEVICE_PATTERN,
 )
 from torchls.probe.spec import ReproSpec
+from torchls.records import record, replace
 
 __all__ = [
     "DEFAULT_MEMORY_MB",
@@ -38,7 +38,7 @@ class ReproUsageError(ValueError):
     """The request cannot be run as given (bad option, missing file, bad spec, no python)."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ReproOptions:
     """None means "not given": the spec's value, else the default, is used."""
 
@@ -81,7 +81,7 @@ class ReproOptions:
     collective_timeout_s: float | None = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Resolved:
     """Options with every default filled in."""
 

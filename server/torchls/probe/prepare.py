@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shlex
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +18,10 @@ from torchls.probe.locate import find_python, probe_package
 from torchls.probe.options import ReproOptions, ReproUsageError, Resolved, resolve_options
 from torchls.probe.sandbox import ensure_supported
 from torchls.probe.spec import ReproSpec, SpecError, load_spec
+from torchls.records import record
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Prepared:
     file: Path
     root: Path

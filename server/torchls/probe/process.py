@@ -19,18 +19,18 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torchls.probe.cgroup import PidsCgroup
 from torchls.probe.scratch import read_tail
+from torchls.records import record
 
 POLL_S = 0.05
 WATCH_S = 1.0
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Ended:
     returncode: int | None
     killed_for: str | None  # None, "deadline", "cancel" or what a watch returned ("disk")

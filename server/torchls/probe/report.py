@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torchls.probe.scratch import Unreadable, read_regular
+from torchls.records import record
 
 SCHEMA_VERSION = 2
 STATUSES = ("ok", "error", "timeout", "memory", "crashed")
@@ -35,7 +35,7 @@ MAX_TEXT = 4000  # one message or name
 _UNSAFE_IN_JSON = re.compile("[\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class RelatedLocation:
     filename: str
     line: int
@@ -45,7 +45,7 @@ class RelatedLocation:
     message: str
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ProbeFinding:
     """One TL9xx finding. Lines and columns are 1-based; columns count code points and
     `end_column` is one past the last character (as in `torchls check` JSON)."""
@@ -83,7 +83,7 @@ class ProbeFinding:
         )
 
 
-@dataclass
+@record
 class ReproReport:
     """`data` is the report document; `root` (the project folder the host chose) and `allow`
     (files the host itself named, such as the target) say which files may be read to show
@@ -219,17 +219,19 @@ def bounded(data: dict[str, Any]) -> dict[str, Any]:
         chain = [i for i in _list(nonfinite.get("chain")) if _int(i)]
         data["nonfinite"] = {**nonfinite, "events": events, "chain": chain}
     records = []
-    for record in _list(data.get("lines"), MAX_LINE_RECORDS):
-        if not isinstance(record, dict) or not isinstance(record.get("filename"), str):
+    for line_record in _list(data.get("lines"), MAX_LINE_RECORDS):
+        if not isinstance(line_record, dict) or not isinstance(line_record.get("filename"), str):
             continue
-        if not _int(record.get("line")):
+        if not _int(line_record.get("line")):
             continue
         entries = [
             {**entry, "outputs": _list(entry.get("outputs"), MAX_OUTPUTS)}
-            for entry in _list(record.get("entries"), MAX_ENTRIES)
+            for entry in _list(line_record.get("entries"), MAX_ENTRIES)
             if isinstance(entry, dict)
         ]
-        records.append({**record, "source": _text(record.get("source")), "entries": entries})
+        records.append(
+            {**line_record, "source": _text(line_record.get("source")), "entries": entries}
+        )
     data["lines"] = records
     for key in ("warnings", "notes", "autocast"):
         if key in data:

@@ -15,7 +15,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from torchls.probe.report import ReproReport, load_probe_report, synthesize
 from torchls.probe.sandbox import Layer, limits_for, plan
 from torchls.probe.scratch import RunFolder, Unreadable, open_regular, read_head_tail
 from torchls.probe.view import ProjectView
+from torchls.records import record, replace
 
 # Beyond the probe's own alarm: time to write a partial report before the hard kill.
 KILL_GRACE_S = 3.0
@@ -39,7 +39,7 @@ class ReproCancelled(Exception):
     """The run was cancelled; every process it started is gone."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ProgressEvent:
     """`stage`: start, import, run, setup, step, report or done; `message` is for people."""
 
@@ -181,7 +181,7 @@ def _run_in(
         launch.close()
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Extras:
     """What a cold run does beyond a plain repro: `mode` "inspect" reads the file as a
     checkpoint (`rewrite_to`: and writes its plain-data copy there); `save_initial_to` keeps the
@@ -235,7 +235,7 @@ def _copy_rewritten(report: ReproReport, written: Path, target: Path) -> None:
         os.close(source)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Left:
     """What a run left for the server: the probe's report, or why there is none, and the
     user's output (`bytes`, `head`, `tail`, `truncated`, and a `note` when unreadable)."""

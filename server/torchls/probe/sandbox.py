@@ -40,7 +40,6 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from importlib.machinery import all_suffixes
 from pathlib import Path
 
@@ -48,6 +47,7 @@ from torchls.probe import seccomp
 from torchls.probe.cgroup import PidsCgroup
 from torchls.probe.options import DEFAULT_MEMORY_MB, ReproUsageError
 from torchls.probe.view import ProjectView
+from torchls.records import field, record
 
 try:
     import resource
@@ -132,7 +132,7 @@ CACHE_EXTRA = ("HF_DATASETS_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE
 CACHE_SECRETS = ("token", "stored_tokens", ".credentials")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Layer:
     name: str
     held: bool
@@ -142,7 +142,7 @@ class Layer:
         return {"name": self.name, "held": self.held, "detail": self.detail}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Limits:
     memory_mb: int
     cpu_s: int
@@ -160,7 +160,7 @@ class Limits:
         return self.shm_mb or self.memory_mb or DEFAULT_MEMORY_MB
 
 
-@dataclass
+@record
 class Launch:
     argv_prefix: list[str]
     env: dict[str, str]
@@ -178,7 +178,7 @@ class Launch:
             self.cgroup = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class View:
     """What the bubblewrap mounts hide and expose, for the layer report."""
 
@@ -303,7 +303,7 @@ def limits_for(
     )
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Decisions:
     """What `plan` decided, without a word of report text: which layers hold here and why."""
 

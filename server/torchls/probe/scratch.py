@@ -32,11 +32,11 @@ import os
 import shutil
 import stat
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torchls.probe.leftovers import REPRO, owned_prefix
+from torchls.records import record
 
 _READ_FLAGS = (
     os.O_RDONLY
@@ -57,7 +57,7 @@ class Unreadable(OSError):
     """A file the server refuses to read back (a link, a FIFO, a device, too large)."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class RunFolder:
     """One cold run's, or one warm worker's, folder (layout above)."""
 

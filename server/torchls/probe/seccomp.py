@@ -22,7 +22,8 @@ import errno
 import platform
 import struct
 import sys
-from dataclasses import dataclass
+
+from torchls.records import record
 
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_SECCOMP = 22
@@ -98,7 +99,7 @@ def _program(arch: int, numbers: list[int], x32: bool) -> bytes:
     return b"".join(struct.pack("=HBBI", *instruction) for instruction in body)
 
 
-@dataclass
+@record
 class Filter:
     """A filter ready to install from a preexec function (nothing is allocated there)."""
 

@@ -14,20 +14,20 @@ from __future__ import annotations
 
 import difflib
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from torchls.config import DEVICE_CHOICES
+from torchls.records import field, record
 
 
 class SpecError(ValueError):
     """The spec file is unreadable or invalid; the message says where and why."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ReproSpec:
     path: Path
     step: str

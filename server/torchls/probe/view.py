@@ -28,11 +28,11 @@ import contextlib
 import os
 import shutil
 import stat
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchls.probe.options import ReproUsageError
 from torchls.probe.scratch import open_regular
+from torchls.records import field, record
 
 FILE_LIMIT = 16 << 20  # a larger file is not copied (bound back read-only)
 COPY_BUDGET = 256 << 20  # bytes copied per run, all folders together
@@ -60,7 +60,7 @@ SKIPPED_NAMES = frozenset(
 )
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Written:
     path: str  # the original path (where the file would have been written)
     bytes: int
@@ -70,7 +70,7 @@ class Written:
         return {"path": self.path, "bytes": self.bytes, "kind": self.kind}
 
 
-@dataclass
+@record
 class Changes:
     written: list[Written] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
@@ -78,7 +78,7 @@ class Changes:
     total_bytes: int = 0
 
 
-@dataclass
+@record
 class Source:
     """One folder seen through its copy."""
 
@@ -105,7 +105,7 @@ def view_folders(root: Path, cwd: Path, writable: tuple[Path, ...]) -> list[Path
     return found
 
 
-@dataclass
+@record
 class ProjectView:
     sources: list[Source]
     linked: bool  # excluded entries are links to the originals (no bubblewrap)

@@ -32,7 +32,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +59,7 @@ from torchls.probe.runner import (
 )
 from torchls.probe.sandbox import Launch, Layer, Limits, keep_paths, limits_for, plan
 from torchls.probe.scratch import RunFolder, read_tail
+from torchls.records import replace
 
 READY_TIMEOUT_S = 120.0
 _CLOSING = threading.Lock()

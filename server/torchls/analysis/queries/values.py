@@ -11,7 +11,6 @@ In: the index and kind queries of the same `Facts`. Out: the `ValueQueries` mixi
 from __future__ import annotations
 
 import ast
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from torchls.analysis.queries.vocabulary import (
@@ -26,6 +25,7 @@ from torchls.analysis.queries.vocabulary import (
     FunctionNode,
     Origin,
 )
+from torchls.records import replace
 
 if TYPE_CHECKING:
     from torchls.analysis.facts import Facts

@@ -5,7 +5,7 @@ Why: the query modules (index, kinds, values, flow, calls) and the rules all spe
 terms (`ObjectKind`, `Origin`, `LossCall`, `EVAL_FUNCTION_RE`, ...); defining them once, apart
 from any query, keeps the query modules free of import cycles.
 
-In: nothing but `ast`. Out: constants, dataclasses and pure helpers over syntax nodes.
+In: nothing but `ast`. Out: constants, record classes and pure helpers over syntax nodes.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from torchls.records import field, record
 
 if TYPE_CHECKING:
     from torchls.analysis.facts import Facts
@@ -167,7 +168,7 @@ PASS_THROUGH_FUNCTIONS = frozenset(
 )
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ObjectKind:
     """What a name holds: `kind` is model, loss, optimizer, scheduler, scaler or loader, or
     "data" for a value known to be none of them (a dict or list display, a `state_dict()`)."""
@@ -180,7 +181,7 @@ class ObjectKind:
     by_name: bool = False
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Origin:
     """Where a value comes from: `node` computes it; `via` lists the steps followed to get there.
 
@@ -197,7 +198,7 @@ class Origin:
     branch: ast.AST | None = None
 
 
-@dataclass
+@record
 class ClassInfo:
     """A class of the file: its node, its bases as written, its methods and `self` attributes."""
 
@@ -217,7 +218,7 @@ class ClassInfo:
         return False
 
 
-@dataclass
+@record
 class Assignment:
     """One binding of a name: `value` is the assigned expression, `index` the tuple position
     when the target was unpacked (`a, b = ...` gives index 0 and 1)."""
@@ -324,7 +325,7 @@ def loader_role(name: str) -> str:
     return ""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class LossCall:
     """A call computing a loss: `loss` is e.g. "CrossEntropyLoss" (module or functional)."""
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 from torchls.analysis.facts import Facts, LossCall, Origin
@@ -13,6 +12,7 @@ from torchls.analysis.findings import Fix, Related
 from torchls.analysis.queries.tensors import activation_input, activation_of, float_cast
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._edits import insert_at, replace_node
+from torchls.records import replace
 
 
 def all_activated(facts: Facts, expr: ast.expr, accepted: set[str]) -> list[Origin] | None:
