@@ -328,10 +328,34 @@ def test_torch_bound_by_a_star_import_of_a_project_module_is_resolved(tmp_path: 
     script.write_text(STAR_SCRIPT)
     with_workspace = analyze(script.read_text(), str(script), workspace=Workspace(tmp_path))
     assert [f.code for f in with_workspace.findings if f.code == "TL202"] == []
-    # A module with `__all__` exports only what it lists.
+    # A module with `__all__` exports only what it lists: its `torch` is not adopted.
     (tmp_path / "helpers.py").write_text('__all__ = ["batches"]\n' + STAR_HELPERS)
-    listed = analyze(script.read_text(), str(script), workspace=Workspace(tmp_path))
-    assert [f.code for f in listed.findings if f.code == "TL202"] == ["TL202"]
+    assert "torch" not in _star_adopted(tmp_path, script)
+    (tmp_path / "helpers.py").write_text(STAR_HELPERS)
+    assert _star_adopted(tmp_path, script)["torch"] == "torch"
+
+
+def _star_adopted(root: Path, script: Path) -> dict[str, str]:
+    """The names the script's import table gained from its star imports."""
+    from torchls.analysis.facts import build_facts
+    from torchls.analysis.source import parse_source
+
+    facts = build_facts(parse_source(script.read_text()), str(script), Workspace(root))
+    try:
+        return {k: v for k, v in facts.imports.items() if k not in ("nn", "batches", "helpers")}
+    finally:
+        facts.release()
+
+
+def test_a_torch_the_file_reads_but_never_binds_is_torch() -> None:
+    # A star import out of reach (no workspace here) or a file exec'd into a namespace that
+    # holds torch: the free global `torch` is the torch module, so its no_grad counts.
+    assert [f.code for f in analyze(STAR_SCRIPT).findings if f.code == "TL202"] == []
+    # A `torch` the file binds itself is what it binds.
+    rebound = STAR_SCRIPT.replace("import torch.nn as nn\n", "import torch.nn as nn\ntorch = nn\n")
+    assert [f.code for f in analyze(rebound).findings if f.code == "TL202"] == ["TL202"]
+    parameter = STAR_SCRIPT.replace("def evaluate(data):", "def evaluate(data, torch):")
+    assert [f.code for f in analyze(parameter).findings if f.code == "TL202"] == ["TL202"]
 
 
 EPOCH_LOOPS = """\

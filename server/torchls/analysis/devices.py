@@ -69,7 +69,10 @@ def cuda_only_scopes(facts: Facts) -> set[ast.AST]:
 
 def requires_cuda(facts: Facts, node: ast.AST) -> bool:
     """`node` runs where the script cannot work without CUDA: its scope moves the model to
-    CUDA unconditionally, or module level does, or every in-file caller's scope does."""
+    CUDA unconditionally, or module level does, or every in-file caller's scope does; or it
+    sits in a branch that only runs with CUDA (`cuda_branch`)."""
+    if cuda_branch(facts, node):
+        return True
     scopes = facts.cuda_only_scopes
     if not scopes:
         return False
@@ -91,4 +94,103 @@ def mentions_cuda(facts: Facts) -> bool:
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 if node.value.split(":")[0] == "cuda":
                     return True
+    return False
+
+
+# Conditions true only where CUDA is there: `torch.cuda.is_available()`, `x.is_cuda`,
+# `torch.cuda.device_count() > 0` / `>= 1`, `device.type == "cuda"`, `device == "cuda"`.
+def _cuda_test(facts: Facts, test: ast.expr) -> bool:
+    if isinstance(test, ast.BoolOp):
+        return isinstance(test.op, ast.And) and any(_cuda_test(facts, v) for v in test.values)
+    if isinstance(test, ast.Call):
+        return facts.call_qualname(test) == "torch.cuda.is_available"
+    if isinstance(test, ast.Attribute):
+        return test.attr == "is_cuda"
+    if isinstance(test, ast.Compare) and len(test.ops) == 1:
+        left, op, right = test.left, test.ops[0], test.comparators[0]
+        if (
+            isinstance(left, ast.Call)
+            and facts.call_qualname(left) == "torch.cuda.device_count"
+            and isinstance(right, ast.Constant)
+            and isinstance(right.value, int)
+        ):
+            return (isinstance(op, ast.Gt) and right.value >= 0) or (
+                isinstance(op, ast.GtE) and right.value >= 1
+            )
+        if isinstance(op, ast.Eq):  # `device.type == "cuda"`, `args.device == "cuda:0"`
+            return any(
+                isinstance(side, ast.Constant)
+                and isinstance(side.value, str)
+                and side.value.split(":")[0] == "cuda"
+                for side in (left, right)
+            )
+    return False
+
+
+def _loads_with_map_location(facts: Facts, statements: list[ast.stmt]) -> bool:
+    for statement in statements:
+        for node in ast.walk(statement):
+            if (
+                isinstance(node, ast.Call)
+                and facts.call_qualname(node) == "torch.load"
+                and (len(node.args) >= 2 or any(k.arg == "map_location" for k in node.keywords))
+            ):
+                return True
+    return False
+
+
+def cuda_branch(facts: Facts, node: ast.AST) -> bool:
+    """`node` only runs where CUDA is there: inside `if torch.cuda.is_available():` (or
+    another CUDA-only test), in a branch whose other side loads with `map_location` (the
+    author wrote the CPU case there; not the `else` of a CUDA test, which is the CPU case),
+    or after a statement of its own block that moved the model to CUDA
+    (`if opt.gpu: net.cuda(); net.load_state_dict(torch.load(path))`)."""
+    child: ast.AST = node
+    current = facts.parents.get(node)
+    while current is not None and not isinstance(
+        current, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.Module, ast.ClassDef)
+    ):
+        if isinstance(current, ast.IfExp):
+            if child is current.body and (
+                _cuda_test(facts, current.test)
+                or _loads_with_map_location(facts, [ast.Expr(current.orelse)])
+            ):
+                return True
+            if (
+                child is current.orelse
+                and not _cuda_test(facts, current.test)
+                and _loads_with_map_location(facts, [ast.Expr(current.body)])
+            ):
+                return True
+        elif isinstance(current, ast.If):
+            if child in current.body:
+                if _cuda_test(facts, current.test):
+                    return True
+                if _loads_with_map_location(facts, current.orelse):
+                    return True
+                if _moved_to_cuda_before(facts, current.body, child):
+                    return True
+            elif child in current.orelse:
+                # The CPU side of a CUDA test is exactly where map_location matters.
+                if not _cuda_test(facts, current.test) and _loads_with_map_location(
+                    facts, current.body
+                ):
+                    return True
+                if _moved_to_cuda_before(facts, current.orelse, child):
+                    return True
+        child, current = current, facts.parents.get(current)
+    return False
+
+
+def _moved_to_cuda_before(facts: Facts, block: list[ast.stmt], statement: ast.AST) -> bool:
+    """A statement of `block` before `statement` moves a model to CUDA, unconditionally."""
+    for earlier in block:
+        if earlier is statement:
+            return False
+        if isinstance(earlier, ast.Expr) and isinstance(earlier.value, ast.Call):
+            if _moves_model_to_cuda(facts, earlier.value):
+                return True
+        if isinstance(earlier, ast.Assign) and isinstance(earlier.value, ast.Call):
+            if _moves_model_to_cuda(facts, earlier.value):
+                return True
     return False

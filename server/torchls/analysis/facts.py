@@ -123,6 +123,7 @@ class Facts(IndexQueries, KindQueries, ValueQueries, FlowQueries, SummaryQueries
         self.parents: dict[ast.AST, ast.AST] = {}
         self.imports: dict[str, str] = {}
         self.star_modules: list[str] = []  # `from utils import *`: "utils"
+        self.stars_read = True  # every star import was found and read (`adopt_star_imports`)
         self.functions: dict[str, FunctionNode] = {}
         self.classes: dict[str, ClassInfo] = {}
         self.calls: list[ast.Call] = []
@@ -156,6 +157,7 @@ class Facts(IndexQueries, KindQueries, ValueQueries, FlowQueries, SummaryQueries
             if getattr(project, "share_parses", False):
                 self._keep_index()
         self.adopt_star_imports()
+        self.adopt_free_torch()
 
     def release(self) -> None:
         """Drop every table and memo. Memos hold the facts themselves (a callee is `(facts,

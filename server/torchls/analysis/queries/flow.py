@@ -138,6 +138,46 @@ class FlowQueries:
             current = self.parents.get(current)
         return False
 
+    def forward_may_disable_grad(self, call: ast.Call) -> bool:
+        """`call` runs a project module (its construction in sight, here or in another file)
+        whose `forward` returns, on some path, a value computed with gradients disabled: a
+        `return` inside `with torch.no_grad():`, or the result of one of its own methods
+        decorated with `@torch.no_grad()` (`if not self.trainable: return self.inference(x)`).
+        Whether gradients are on then depends on the module's own state, not on the caller."""
+        origins = self.origins(call.func)
+        if len(origins) != 1 or not isinstance(origins[0].node, ast.Call):
+            return False
+        owner = origins[0].facts or self
+        found = owner.module_class_of_call(origins[0].node)
+        if found is None:
+            return False
+        facts, info = found
+        forward, depth = info.methods.get("forward"), 0
+        while forward is None and depth < 3:
+            bases = [facts.classes[b] for b in info.bases if b in facts.classes]
+            if not bases:
+                return False
+            info, depth = bases[0], depth + 1
+            forward = info.methods.get("forward")
+        if forward is None:
+            return False
+        for node in facts.walk_local(forward):
+            if not isinstance(node, ast.Return) or node.value is None:
+                continue
+            if facts._in_no_grad_block(node):
+                return True
+            value = node.value
+            if (
+                isinstance(value, ast.Call)
+                and isinstance(value.func, ast.Attribute)
+                and isinstance(value.func.value, ast.Name)
+                and value.func.value.id == "self"
+            ):
+                method = info.methods.get(value.func.attr)
+                if method is not None and facts.grad_disabling_decorator(method):
+                    return True
+        return False
+
     def parameters_frozen_before(self, key: str, node: ast.AST, depth: int = 0) -> bool:
         """Before `node`, in its own function (or module), every parameter of the module
         `key` names is frozen: `model.requires_grad_(False)`, or a loop over

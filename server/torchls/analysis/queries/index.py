@@ -253,13 +253,16 @@ class IndexQueries:
         into this file's table for every public name it exports that this file does not bind
         itself, so `torch.no_grad()` resolves here too. Needs a workspace to find the module."""
         workspace = getattr(self, "workspace", None)
+        self.stars_read = not self.star_modules
         if workspace is None or not self.star_modules:
             return
         bound = set(self.imports) | set(self.assignments.get(self.tree, {}))
         bound |= set(self.functions) | set(self.classes)
+        self.stars_read = True
         for module in self.star_modules:
             other = workspace.module_facts(self, "*", dotted=module)
             if other is None:
+                self.stars_read = False
                 continue
             exported = other.exported_names()
             for name, target in other.imports.items():
@@ -269,6 +272,39 @@ class IndexQueries:
                     continue
                 self.imports[name] = target
                 bound.add(name)
+
+    def adopt_free_torch(self) -> None:
+        """A file that reads the global `torch` without binding it (a star import from a
+        module out of reach, code pasted from a notebook, a file exec'd into a namespace that
+        has torch) runs with the torch module there: `with torch.no_grad():` in it disables
+        gradients like anywhere else. Read it as `import torch` (not when every star import
+        was read and none exports torch: then the name is really unbound)."""
+        if self.stars_read and self.star_modules:
+            return
+        if "torch" in self.imports or "torch" in self.functions or "torch" in self.classes:
+            return
+        if "torch" in self.assignments.get(self.tree, {}):
+            return
+        for nodes in self.scope_nodes.values():
+            for node in nodes:
+                if isinstance(node, ast.Name) and node.id == "torch":
+                    if isinstance(node.ctx, ast.Load):
+                        if not self._binds_locally(node):
+                            self.imports["torch"] = "torch"
+                            return
+
+    def _binds_locally(self, name: ast.Name) -> bool:
+        """A function of `name`'s enclosing scopes binds it (a parameter or local)."""
+        scope = self.scope(name)
+        while isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            args = scope.args
+            every = [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]
+            if any(a is not None and a.arg == name.id for a in every):
+                return True
+            if name.id in self.assignments.get(scope, {}):
+                return True
+            scope = self.scope(scope)
+        return False
 
     def exported_names(self) -> set[str] | None:
         """The names a module-level `__all__ = [...]` lists, or None without one."""

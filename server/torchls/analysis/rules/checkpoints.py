@@ -414,9 +414,11 @@ def load_without_map_location(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
     `torch.load(...)` without `map_location`, where it can matter: not when the script moves
-    its model to CUDA unconditionally anyway (it cannot run on a CPU-only machine), not when
-    the file was written by this script from CPU tensors, and not when the loaded object is
-    only used as data (never restored into a model or optimizer, returned or passed on).
+    its model to CUDA unconditionally anyway (it cannot run on a CPU-only machine), not in a
+    branch that only runs with CUDA (`if torch.cuda.is_available():`, a branch whose other
+    side loads with `map_location`, or one that moved the model to CUDA just before), not
+    when the file was written by this script from CPU tensors, and not when the loaded object
+    is only used as data (never restored into a model or optimizer, returned or passed on).
 
     ## Why it is wrong
     Tensors are restored onto the device they were saved from. A checkpoint written on

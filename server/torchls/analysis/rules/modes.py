@@ -385,7 +385,9 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
     an attack object from advertorch, torchattacks, foolbox or ART), nor a model whose
     parameters were all frozen before the loop (`model.requires_grad_(False)`, or
     `requires_grad = False` set on each of `model.parameters()`), there or by every in-file
-    caller before it hands the model over.
+    caller before it hands the model over, nor a project model whose `forward` itself
+    returns, on some path, what a `@torch.no_grad()` method or a `no_grad` block computed
+    (a detector whose forward hands over to `self.inference(x)` when not training).
 
     ## Why it is wrong
     `eval()` only changes how layers behave; it does not stop autograd. Every forward pass
@@ -412,6 +414,8 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
             continue  # an attack or a saliency map: the loop asks autograd for gradients
         if facts.parameters_frozen_before(key, context):
             continue  # no parameter requires a gradient: the forward records no graph
+        if facts.forward_may_disable_grad(call):
+            continue  # the module turns gradients off itself when it is not training
         yield Hit(
             call,
             f"`{key}` runs in an evaluation loop with gradients enabled; wrap the loop in "
