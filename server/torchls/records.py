@@ -5,7 +5,8 @@ weighs as much as its analysis. Importing `dataclasses` pulls in `inspect` (and 
 `tokenize`, `linecache`), and `@dataclass` compiles every generated method of every class at
 import: together about a fifth of what a check of a median repository cost (measured by
 `bench/check_vs_ast.py --whole`). `@record` covers what this code base uses of `@dataclass`
-(fields with defaults or default factories, `repr`/`compare` per field, `frozen`, `order`) and
+(fields with defaults or default factories, `repr`/`compare` per field, `frozen`, `order`,
+`__post_init__`) and
 compiles a generated method when it is first called, so a class a process never builds or
 compares costs no compile. Type checkers read it as a dataclass (`dataclass_transform`).
 
@@ -210,6 +211,8 @@ def _generate(cls: type, name: str) -> Callable[..., Any]:
                 body.append(f"    _rec_set(self, {f.name!r}, {value})")
             else:
                 body.append(f"    self.{f.name} = {value}")
+        if hasattr(cls, "__post_init__"):
+            body.append("    self.__post_init__()")
         lines = [f"def __init__({', '.join(['self', *parameters])}):", *(body or ["    pass"])]
     elif name == "__eq__":
         lines = [

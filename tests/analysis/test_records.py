@@ -123,6 +123,20 @@ def test_methods_the_class_writes_itself_win() -> None:
     assert hash(Named("n")) == hash(Named("n"))
 
 
+def test_post_init_runs_after_the_fields_are_set() -> None:
+    @record
+    class Derived:
+        """Computes a field from the others, as the seccomp filter builds its buffer."""
+
+        text: str
+        length: int = 0
+
+        def __post_init__(self) -> None:
+            self.length = len(self.text)
+
+    assert Derived("abcd").length == 4
+
+
 def test_a_method_is_compiled_on_first_use_only() -> None:
     @record(frozen=True)
     class Late:
