@@ -394,30 +394,43 @@ class ValueQueries:
         calls (`model(x)` after `model = Net(...).to(device)`), when its construction is in
         sight."""
         func = call.func
-        found: tuple[Facts, ClassInfo, ast.Call] | None = None
         if isinstance(func, (ast.Name, ast.Attribute)) and not (
             isinstance(func, ast.Name) and func.id == "self"
         ):
-            value = bound if bound is not None else self.binding_value(func)
-            steps = 0
-            while isinstance(value, ast.Call) and steps < MAX_DEPTH:
-                if (self.call_qualname(value) or "") in PARALLEL_WRAPPERS and value.args:
-                    value = self._wrapped(value)
-                    steps += 1
-                    continue
-                klass = self.module_class_of_call(value)
-                if klass is not None:
-                    found = (*klass, value)
-                    break
-                receiver = self.receiver(value)
-                if self.returns_receiver(value):
-                    value = self.binding_value(receiver) if receiver is not None else None
-                    if value is None and isinstance(receiver, ast.Call):
-                        value = receiver
-                    steps += 1
-                    continue
-                break
-        return found
+            return self._module_built_by(bound if bound is not None else self.binding_value(func))
+        return None
+
+    def module_object(self, expr: ast.expr) -> tuple[Facts, ClassInfo, ast.Call] | None:
+        """(file facts, class, constructor call) when `expr` holds an instance of a project
+        module class whose construction is in sight (`net` after `net = Net().to(device)`,
+        or `nn.DataParallel(Net())`)."""
+        if not isinstance(expr, (ast.Name, ast.Attribute)) or (
+            isinstance(expr, ast.Name) and expr.id == "self"
+        ):
+            return None
+        return self._module_built_by(self.binding_value(expr))
+
+    def _module_built_by(self, value: ast.expr | None) -> tuple[Facts, ClassInfo, ast.Call] | None:
+        """The project module class a value is constructed from, through parallel wrappers
+        and methods that return their receiver (`.to(device)`, `.cuda()`)."""
+        steps = 0
+        while isinstance(value, ast.Call) and steps < MAX_DEPTH:
+            if (self.call_qualname(value) or "") in PARALLEL_WRAPPERS and value.args:
+                value = self._wrapped(value)
+                steps += 1
+                continue
+            klass = self.module_class_of_call(value)
+            if klass is not None:
+                return (*klass, value)
+            receiver = self.receiver(value)
+            if self.returns_receiver(value):
+                value = self.binding_value(receiver) if receiver is not None else None
+                if value is None and isinstance(receiver, ast.Call):
+                    value = receiver
+                steps += 1
+                continue
+            break
+        return None
 
     def _forward_returns(self, info: ClassInfo, depth: int) -> list[ast.expr] | None:
         forward = info.methods.get("forward")

@@ -94,6 +94,37 @@ def _config_object(facts: Facts, value: ast.expr, depth: int = 0) -> tuple[str, 
     return None
 
 
+# Methods only a stateful torch object has (a module, an optimizer, a scheduler, a scaler):
+# a value they are called on is no plain data, whatever its class.
+_STATEFUL_METHODS = ("state_dict", "parameters", "named_parameters")
+
+
+def _stateful_object(facts: Facts, value: ast.expr) -> str | None:
+    """How to name `value` when it holds a module or another object with a `state_dict`
+    rather than data: an instance of a project module class built in sight, or a name whose
+    same binding has `.state_dict()` / `.parameters()` called on it in its scope (a model
+    handed to a helper, then stored whole next to its own state dict)."""
+    module = facts.module_object(value)
+    if module is not None:
+        return f"a whole {module[1].node.name} module object"
+    if not isinstance(value, ast.Name):
+        return None
+    binding = facts.reaching_assignment(value)
+    if binding is not None and not isinstance(binding.value, ast.Call):
+        return None  # a literal, a loop target, an unpacked value: not known to be an object
+    scope = facts.scope(value)
+    for call in facts.method_calls(*_STATEFUL_METHODS):
+        receiver = facts.receiver(call)
+        if (
+            isinstance(receiver, ast.Name)
+            and receiver.id == value.id
+            and facts.scope(receiver) is scope
+            and facts.reaching_assignment(receiver) is binding
+        ):
+            return f"an object whose `.{facts.method_name(call)}()` this code calls, not plain data"
+    return None
+
+
 def _parameter_config(facts: Facts, name: ast.Name, depth: int) -> tuple[str, str] | None:
     annotation = facts.parameter_annotation(name)
     if annotation is not None:
@@ -181,12 +212,17 @@ def _asdict_spelling(facts: Facts) -> tuple[str, list]:
     "E",
     "Checkpoint stores a config object that weights_only loading rejects",
     fix="safe",
+    # A `weights_only=False` load anywhere in the file decides what a save there means.
+    whole_file=("weights_only",),
 )
 def checkpoint_config_not_plain_data(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
     `torch.save` of a dict that holds an `argparse.Namespace`, a dataclass instance or another
-    custom object (typically the run's config) next to the weights. Helpers count: a
+    custom object (typically the run's config) next to the weights, or a whole model (an
+    instance of a project module class, or a value whose `.state_dict()` or `.parameters()`
+    the code calls: `{"net": net, "acc": acc}`; not in a file that loads with an explicit
+    `weights_only=False`, which shows the author chose to unpickle). Helpers count: a
     parameter is what every call site passes for it, or what its annotation says
     (`cfg: TrainConfig`), a value an in-file helper returns is what all its returns hand
     back (`opt = parse_option()` returning `parser.parse_args()`), and a save wrapper
@@ -208,7 +244,8 @@ def checkpoint_config_not_plain_data(facts: Facts) -> Iterator[Hit]:
     ```
 
     ## Fix
-    Store plain data: `vars(args)` for a Namespace, `dataclasses.asdict(cfg)` for a dataclass.
+    Store plain data: `vars(args)` for a Namespace, `dataclasses.asdict(cfg)` for a dataclass,
+    `net.state_dict()` for a model (and `load_state_dict` it into a new instance on load).
     """
     unsafe_loading = _loads_unsafely(facts)
     saved = [v for c in facts.calls_to(*SAVE) if c.args for v in _dict_values(facts, c.args[0])]
@@ -219,6 +256,16 @@ def checkpoint_config_not_plain_data(facts: Facts) -> Iterator[Hit]:
         seen.add(value)
         found = _config_object(facts, value)
         if found is None:
+            stateful = None if unsafe_loading else _stateful_object(facts, value)
+            if stateful is not None:
+                text = facts.source.segment(value)
+                yield Hit(
+                    value,
+                    f"checkpoint stores `{text}` itself ({stateful}), which "
+                    "`torch.load(weights_only=True)` (the default since PyTorch 2.6) refuses "
+                    f"to load; store `{text}.state_dict()`",
+                    None,
+                )
             continue
         kind, class_name = found
         if _allow_listed(facts, class_name):
