@@ -36,6 +36,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from torchls.analysis.hashing import content_digest
+from torchls.analysis.queries.tensors import detached_value
 from torchls.records import record
 
 if TYPE_CHECKING:
@@ -320,7 +321,10 @@ class _Summarizer:
                 if name is not None:
                     returns.add(name)
                 if isinstance(node.value, ast.Name) and node.value.id in backwarded:
-                    returns_graph = True
+                    # Not when the name was rebound to a number first (`loss = loss.item()`).
+                    binding = facts.reaching_assignment(node.value)
+                    if binding is None or not detached_value(binding.value):
+                        returns_graph = True
         runs_batch_loop = any(
             loop in facts.batch_loops and facts.is_inside(loop, function)
             for loop in facts.training_loops

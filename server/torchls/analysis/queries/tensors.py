@@ -7,7 +7,8 @@ cast to float"; the answer belongs to the facts layer, not to one rule module th
 would then import.
 
 In: a file's `Facts` and an `Origin` or an expression. Out: an activation name
-("softmax", "log_softmax", "sigmoid"), the activation's input expression, or the cast call.
+("softmax", "log_softmax", "sigmoid"), the activation's input expression, the cast call, or
+whether a value is cut from the autograd graph (`detached_value`).
 """
 
 from __future__ import annotations
@@ -105,3 +106,33 @@ def float_cast(facts: Facts, expr: ast.AST) -> ast.Call | None:
             ):
                 return expr
     return None
+
+
+# Methods whose result is cut from the graph exactly when their receiver is.
+GRAPH_PRESERVING_METHODS = frozenset(
+    {"cpu", "cuda", "to", "clone", "contiguous", "float", "double", "half", "squeeze", "view"}
+)
+# Methods whose result is never on the graph: `.numpy()` and `.tolist()` of a tensor that
+# requires grad raise or leave Python data, `.item()` is a number.
+_CUTTING_METHODS = frozenset({"detach", "item", "numpy", "tolist"})
+
+
+def detached_value(value: ast.expr | None) -> bool:
+    """`value` is a Python number or a tensor cut from the graph: a constant, `x.detach()`,
+    `x.item()`, `x.detach().cpu().numpy()`, `x.data`, `float(x)`, `int(x)` (through methods
+    that keep whatever their receiver is, `x.detach().cpu()`)."""
+    while (
+        isinstance(value, ast.Call)
+        and isinstance(value.func, ast.Attribute)
+        and value.func.attr in GRAPH_PRESERVING_METHODS
+    ):
+        value = value.func.value
+    if isinstance(value, ast.Constant):
+        return True
+    if isinstance(value, ast.Attribute):
+        return value.attr == "data"
+    if not isinstance(value, ast.Call):
+        return False
+    if isinstance(value.func, ast.Attribute):
+        return value.func.attr in _CUTTING_METHODS
+    return isinstance(value.func, ast.Name) and value.func.id in ("float", "int")

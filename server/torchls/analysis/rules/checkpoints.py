@@ -94,6 +94,13 @@ def _config_object(facts: Facts, value: ast.expr, depth: int = 0) -> tuple[str, 
     return None
 
 
+def _named(expr: ast.expr) -> bool:
+    """A name or attribute (`args`, `self.cfg`): what a config object is saved through."""
+    return isinstance(expr, ast.Name) or (
+        isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name)
+    )
+
+
 # Methods only a stateful torch object has (a module, an optimizer, a scheduler, a scaler):
 # a value they are called on is no plain data, whatever its class.
 _STATEFUL_METHODS = ("state_dict", "parameters", "named_parameters")
@@ -218,8 +225,9 @@ def _asdict_spelling(facts: Facts) -> tuple[str, list]:
 def checkpoint_config_not_plain_data(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
-    `torch.save` of a dict that holds an `argparse.Namespace`, a dataclass instance or another
-    custom object (typically the run's config) next to the weights, or a whole model (an
+    `torch.save` of an `argparse.Namespace`, a dataclass instance or another custom object
+    (typically the run's config), on its own (`torch.save(args, "training_args.bin")`) or in
+    a dict next to the weights; or a dict holding a whole model (an
     instance of a project module class, or a value whose `.state_dict()` or `.parameters()`
     the code calls: `{"net": net, "acc": acc}`; not in a file that loads with an explicit
     `weights_only=False`, which shows the author chose to unpickle). Helpers count: a
@@ -249,13 +257,18 @@ def checkpoint_config_not_plain_data(facts: Facts) -> Iterator[Hit]:
     """
     unsafe_loading = _loads_unsafely(facts)
     saved = [v for c in facts.calls_to(*SAVE) if c.args for v in _dict_values(facts, c.args[0])]
+    # The saved object itself: `torch.save(args, "training_args.bin")` (a whole module saved
+    # on its own is TL305's, not this rule's).
+    whole = {c.args[0] for c in facts.calls_to(*SAVE) if c.args and _named(c.args[0])}
     seen: set[ast.expr] = set()
-    for value in [*saved, *_saved_through_wrappers(facts)]:
+    for value in [*saved, *whole, *_saved_through_wrappers(facts)]:
         if value in seen:
             continue
         seen.add(value)
         found = _config_object(facts, value)
         if found is None:
+            if value in whole:
+                continue
             stateful = None if unsafe_loading else _stateful_object(facts, value)
             if stateful is not None:
                 text = facts.source.segment(value)
@@ -272,7 +285,8 @@ def checkpoint_config_not_plain_data(facts: Facts) -> Iterator[Hit]:
             continue
         text = facts.source.segment(value)
         fix = None
-        applicability = "unsafe" if unsafe_loading else "safe"
+        # Saved on its own, the loaded object itself changes type: the loader must change too.
+        applicability = "unsafe" if unsafe_loading or value in whole else "safe"
         if kind == "namespace":
             fix = Fix(
                 applicability,

@@ -9,6 +9,7 @@ from torchls.analysis.facts import EVAL_FUNCTION_RE, Facts
 from torchls.analysis.findings import Fix
 from torchls.analysis.layers import built_mode_sensitive, mode_sensitive, runs_no_module
 from torchls.analysis.modes import ModeAnalysis, analyse_modes
+from torchls.analysis.queries.tensors import detached_value
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._edits import (
     delete_statement_line,
@@ -152,6 +153,51 @@ def _model_calls_in_eval(facts: Facts) -> Iterator[tuple[ast.Call, ast.AST, str,
         yield call, context, key, modes
 
 
+def _put_in_train_for_this_loop(facts: Facts, context: ast.AST, modes: frozenset) -> bool:
+    """Every mode reaching the loop comes from an explicit `train()` that precedes the loop
+    (or the `with` block around it) in the same block, with no training in between: the
+    author put the model in training mode for this very loop (re-estimating batch-norm
+    statistics, a data-dependent initialisation), not for an earlier training loop it forgot
+    to switch out of."""
+    if not modes:
+        return False
+    for fact in modes:
+        if fact.mode != "train" or fact.setter is None:
+            return False
+        setter = facts.enclosing_statement(fact.setter)
+        anchor: ast.AST = context
+        while True:
+            parent = facts.parents.get(anchor)
+            statements = _block_of(parent, anchor)
+            if statements is None:
+                return False
+            if setter in statements:
+                break
+            if not isinstance(parent, (ast.With, ast.AsyncWith)):
+                return False
+            anchor = parent
+        first, last = statements.index(setter), statements.index(anchor)  # type: ignore[arg-type]
+        if first > last:
+            return False
+        if any(facts.node_reaches(s, facts.is_backward) for s in statements[first + 1 : last]):
+            return False
+    return True
+
+
+def _block_of(parent: ast.AST | None, statement: ast.AST) -> list[ast.stmt] | None:
+    """The statement list of `parent` that holds `statement`."""
+    if parent is None:
+        return None
+    for name in ("body", "orelse", "finalbody"):
+        block = getattr(parent, name, None)
+        if isinstance(block, list) and statement in block:
+            return block
+    for handler in getattr(parent, "handlers", ()):
+        if statement in handler.body:
+            return handler.body
+    return None
+
+
 @rule(
     "TL201",
     "eval-without-eval-mode",
@@ -180,7 +226,9 @@ def eval_without_eval_mode(facts: Facts) -> Iterator[Hit]:
     function that switched it before returning it (`net.eval(); return net` in a checkpoint
     loader) is in the mode that function left it in. A module of the project whose forward
     runs nothing it holds (a target smoother or mask builder written as an `nn.Module`) has
-    no layer for eval() to switch and is not reported either.
+    no layer for eval() to switch and is not reported either, nor a loop the code puts the
+    model in `train()` for just before it, with no training in between (re-estimating
+    batch-norm statistics, a data-dependent initialisation).
 
     ## Why it is wrong
     In training mode dropout keeps dropping units and batch-norm normalises with the current
@@ -229,6 +277,8 @@ def eval_without_eval_mode(facts: Facts) -> Iterator[Hit]:
             continue  # `nn.Upsample(...)` itself: eval() can never change what it computes
         if _function_module(facts, modes):
             continue  # a target smoother written as a module: it runs nothing it holds
+        if _put_in_train_for_this_loop(facts, context, modes):
+            continue  # `model.train()` right before it: batch-norm re-estimation, data init
         edits = [insert_line_before(facts, context, f"{key}.eval()")]  # type: ignore[arg-type]
         if any(
             facts.node_reaches(outer, facts.is_backward) for outer in facts.enclosing_loops(context)
@@ -489,6 +539,32 @@ def _wrap_in_no_grad(facts: Facts, loop: ast.AST) -> Fix | None:
     return Fix("unsafe", "Wrap the evaluation loop in `torch.no_grad()`", tuple(edits))
 
 
+def _skipped_by_same_test(facts: Facts, setter: ast.AST, call: ast.Call) -> bool:
+    """The eval() runs only under `if <test>:`, and every iteration that reaches `call`
+    first passes an `if <test>: break` (or return/continue/raise) on the same test: the
+    path from that eval() to this training step cannot be taken (an inference-only flag)."""
+    tests: set[str] = set()
+    child, current = setter, facts.parents.get(setter)
+    while current is not None and not isinstance(current, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if isinstance(current, ast.If) and child in current.body:
+            tests.add(ast.dump(current.test))
+        child, current = current, facts.parents.get(current)
+    if not tests:
+        return False
+    exits = (ast.Break, ast.Return, ast.Continue, ast.Raise)
+    for loop in facts.enclosing_loops(call):
+        for statement in loop.body:
+            if facts.is_inside(call, statement) or statement is call:
+                break
+            if (
+                isinstance(statement, ast.If)
+                and ast.dump(statement.test) in tests
+                and any(isinstance(s, exits) for s in statement.body)
+            ):
+                return True
+    return False
+
+
 @rule(
     "TL203",
     "train-mode-not-restored",
@@ -555,6 +631,8 @@ def train_mode_not_restored(facts: Facts) -> Iterator[Hit]:
             setter = fact.setter
             if setter is None or id(setter) in reported:
                 continue
+            if _skipped_by_same_test(facts, setter, call):
+                continue  # `if test: model.eval()` ... `if test: break` before training
             if _guarded_apart(facts, setter, loops[0]):
                 continue  # `if phase == "train": ... else: model.eval()`: that path never trains
             if _mode_chosen_by_branch(facts, setter):
@@ -1185,24 +1263,6 @@ def _accumulation(stmt: ast.stmt) -> tuple[str, ast.expr, str] | None:
     return None
 
 
-def _detached(value: ast.expr) -> bool:
-    """`value` is a Python number or a tensor cut from the graph (`x.detach()`, `x.item()`,
-    `float(x)`)."""
-    if isinstance(value, ast.Constant):
-        return True
-    if not isinstance(value, ast.Call):
-        return False
-    if isinstance(value.func, ast.Attribute):
-        return value.func.attr in ("detach", "item", "tolist")
-    return isinstance(value.func, ast.Name) and value.func.id in ("float", "int")
-
-
-# Methods whose result is cut from the graph exactly when their receiver is.
-_GRAPH_PRESERVING = frozenset(
-    {"cpu", "cuda", "to", "clone", "contiguous", "float", "double", "half", "squeeze", "view"}
-)
-
-
 def _rebound_detached(facts: Facts, use: ast.Name, assignment: object) -> bool:
     """The binding of `use` that reaches it is a plain rebinding to a detached value
     (`loss = loss.detach().cpu()`, `loss = loss.item()`) in a block that encloses the use,
@@ -1216,13 +1276,7 @@ def _rebound_detached(facts: Facts, use: ast.Name, assignment: object) -> bool:
     block = facts.parents.get(stmt)
     if block is None or not facts.is_inside(use, block):
         return False
-    while (
-        isinstance(value, ast.Call)
-        and isinstance(value.func, ast.Attribute)
-        and value.func.attr in _GRAPH_PRESERVING
-    ):
-        value = value.func.value
-    return _detached(value)
+    return detached_value(value)
 
 
 def _live_container(
@@ -1245,7 +1299,7 @@ def _live_container(
             and isinstance(node.targets[0].value, ast.Name)
             and node.targets[0].value.id == value.id
             and ast.dump(node.targets[0].slice) == key
-            and _detached(node.value)
+            and detached_value(node.value)
             and item.lineno <= node.lineno <= value.lineno
             for node in facts.walk_local(facts.scope(value))
         )
