@@ -40,12 +40,20 @@ def project(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def repro(project: Path) -> Repro:
+def device(request: pytest.FixtureRequest) -> str | None:
+    """The `--device` the suite was asked to run on (None: the repro's default)."""
+    return request.config.getoption("--device")
+
+
+@pytest.fixture
+def repro(project: Path, device: str | None) -> Repro:
     def run(source: str, name: str = "train.py", **options: object) -> tuple[ReproReport, Path]:
         path = project / name
         path.write_text(source, encoding="utf-8")
         options.setdefault("python", sys.executable)
         options.setdefault("timeout_s", 30.0)
+        if device is not None:
+            options.setdefault("device", device)
         report = run_repro(path, ReproOptions(**options))  # type: ignore[arg-type]
         return report, path
 
@@ -65,7 +73,12 @@ def warm_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def warm_repro(warm_session: ReproSession, warm_project: Path, request: pytest.FixtureRequest):
+def warm_repro(
+    warm_session: ReproSession,
+    warm_project: Path,
+    request: pytest.FixtureRequest,
+    device: str | None,
+):
     """Like `repro`, through the shared warm worker; each test gets its own file name."""
 
     def run(source: str, name: str | None = None, **options: object):
@@ -73,6 +86,8 @@ def warm_repro(warm_session: ReproSession, warm_project: Path, request: pytest.F
         path.write_text(source, encoding="utf-8")
         options.setdefault("python", sys.executable)
         options.setdefault("timeout_s", 30.0)
+        if device is not None:
+            options.setdefault("device", device)
         opts = ReproOptions(**options)  # type: ignore[arg-type]
         warm_session.prewarm_prepared(prepare(path, opts), wait=True)
         report = warm_session.run(path, opts)
