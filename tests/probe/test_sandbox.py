@@ -165,3 +165,23 @@ def test_a_plan_reports_the_layers_its_decisions_describe(tmp_path):
         assert launch.layers[8:11] == limit_layers(limits)
     finally:
         launch.close()
+
+
+def test_the_memory_limit_spares_the_cuda_driver_whatever_the_device(monkeypatch):
+    """RLIMIT_AS breaks the CUDA driver's address-space reservations. On a machine with an
+    NVIDIA driver a `--device cpu` run still loads it (a CUDA build of torch initialises it
+    when the script asks `torch.cuda.is_available()`): there, as for CUDA runs, the memory
+    limit is RLIMIT_DATA. Seen on an H200 machine: under RLIMIT_AS the cpu run died with a
+    MemoryError at the optimizer's construction."""
+    import torchls.probe.sandbox as sandbox
+
+    monkeypatch.setattr(sandbox, "_nvidia_driver_present", lambda: False)
+    assert not limits_for(4096, 60.0, 256, 256, "cpu").use_data_limit
+    assert not limits_for(4096, 60.0, 256, 256, "auto").use_data_limit
+    assert limits_for(4096, 60.0, 256, 256, "cuda:1").use_data_limit
+    monkeypatch.setattr(sandbox, "_nvidia_driver_present", lambda: True)
+    for device in ("cpu", "auto", "mps", "cuda"):
+        limits = limits_for(4096, 60.0, 256, 256, device)
+        assert limits.use_data_limit
+        layer = {layer.name: layer for layer in limit_layers(limits)}["memory"]
+        assert layer.detail.startswith("RLIMIT_DATA 4096 MB")

@@ -16,7 +16,8 @@ the report. Layers:
   namespace (killing bwrap kills every descendant); all capabilities dropped (as root, bwrap
   alone would let the child remount `/` read-write: measured here).
 - everywhere: own session/process group, wall-clock kill (process.py), RLIMIT_AS (RLIMIT_DATA
-  on CUDA, whose address-space reservations RLIMIT_AS breaks), RLIMIT_CPU, RLIMIT_FSIZE,
+  where CUDA may load: asked for, or any device on a machine with an NVIDIA driver, whose
+  address-space reservations RLIMIT_AS breaks), RLIMIT_CPU, RLIMIT_FSIZE,
   RLIMIT_NPROC (not binding on root, so a pids cgroup where allowed), no core files, a minimal
   environment without secret-looking variables, capped output.
 - without bubblewrap: a private network namespace via unshare(2) where permitted, and death of
@@ -287,9 +288,18 @@ def child_environment(
 
 
 def _cuda_possible(device: str) -> bool:
-    if device.startswith("cuda"):
-        return True
-    return device == "auto" and Path("/dev/nvidiactl").exists()
+    """The run may load the CUDA driver, whose address-space reservations RLIMIT_AS breaks:
+    asked for CUDA, or on a machine with an NVIDIA driver whatever the device. With
+    `--device cpu` the GPUs are hidden, yet a CUDA build of torch still initialises the driver
+    when the script asks `torch.cuda.is_available()`, and under RLIMIT_AS that fails, then
+    the next allocation raises MemoryError (seen on an H200 machine)."""
+    return device.startswith("cuda") or _nvidia_driver_present()
+
+
+def _nvidia_driver_present() -> bool:
+    return Path("/proc/driver/nvidia").exists() or any(
+        Path("/dev", name).exists() for name in ("nvidiactl", "nvidia0", "nvidia-uvm")
+    )
 
 
 def limits_for(
