@@ -127,15 +127,49 @@ def _cuda_test(facts: Facts, test: ast.expr) -> bool:
     return False
 
 
-def _loads_with_map_location(facts: Facts, statements: list[ast.stmt]) -> bool:
+def _loads_with_map_location(
+    facts: Facts, statements: list[ast.stmt], load: ast.AST | None
+) -> bool:
+    """A `torch.load` of the same file as `load` in `statements` maps it to the CPU: the
+    CPU case is written there (a map_location to a GPU, `f"cuda:{gpu}"`, says nothing of
+    the CPU, nor does a load of another file)."""
+    source = _loaded_source(load)
+    if source is None:
+        return False
     for statement in statements:
         for node in ast.walk(statement):
             if (
                 isinstance(node, ast.Call)
                 and facts.call_qualname(node) == "torch.load"
-                and (len(node.args) >= 2 or any(k.arg == "map_location" for k in node.keywords))
+                and _loaded_source(node) == source
             ):
-                return True
+                location = next((k.value for k in node.keywords if k.arg == "map_location"), None)
+                if location is None and len(node.args) >= 2:
+                    location = node.args[1]
+                if location is not None and _maps_to_cpu(facts, location):
+                    return True
+    return False
+
+
+def _loaded_source(load: ast.AST | None) -> str | None:
+    """What a `torch.load` call reads, as a comparable dump of its first argument."""
+    if not isinstance(load, ast.Call):
+        return None
+    first = (
+        load.args[0] if load.args else next((k.value for k in load.keywords if k.arg == "f"), None)
+    )
+    return ast.dump(first) if first is not None else None
+
+
+def _maps_to_cpu(facts: Facts, location: ast.expr) -> bool:
+    """`"cpu"`, `torch.device("cpu")`, or `lambda storage, loc: storage` (keep on the CPU)."""
+    if isinstance(location, ast.Constant):
+        return location.value == "cpu"
+    if isinstance(location, ast.Call) and facts.call_qualname(location) == "torch.device":
+        return bool(location.args) and _maps_to_cpu(facts, location.args[0])
+    if isinstance(location, ast.Lambda) and location.args.args:
+        body = location.body
+        return isinstance(body, ast.Name) and body.id == location.args.args[0].arg
     return False
 
 
@@ -153,27 +187,27 @@ def cuda_branch(facts: Facts, node: ast.AST) -> bool:
         if isinstance(current, ast.IfExp):
             if child is current.body and (
                 _cuda_test(facts, current.test)
-                or _loads_with_map_location(facts, [ast.Expr(current.orelse)])
+                or _loads_with_map_location(facts, [ast.Expr(current.orelse)], node)
             ):
                 return True
             if (
                 child is current.orelse
                 and not _cuda_test(facts, current.test)
-                and _loads_with_map_location(facts, [ast.Expr(current.body)])
+                and _loads_with_map_location(facts, [ast.Expr(current.body)], node)
             ):
                 return True
         elif isinstance(current, ast.If):
             if child in current.body:
                 if _cuda_test(facts, current.test):
                     return True
-                if _loads_with_map_location(facts, current.orelse):
+                if _loads_with_map_location(facts, current.orelse, node):
                     return True
                 if _moved_to_cuda_before(facts, current.body, child):
                     return True
             elif child in current.orelse:
                 # The CPU side of a CUDA test is exactly where map_location matters.
                 if not _cuda_test(facts, current.test) and _loads_with_map_location(
-                    facts, current.body
+                    facts, current.body, node
                 ):
                     return True
                 if _moved_to_cuda_before(facts, current.orelse, child):

@@ -162,8 +162,10 @@ def _put_in_train_for_this_loop(facts: Facts, context: ast.AST, modes: frozenset
     if not modes:
         return False
     for fact in modes:
-        if fact.mode != "train" or fact.setter is None:
+        if fact.mode != "train" or not isinstance(fact.setter, ast.Call):
             return False
+        if facts.method_name(fact.setter) != "train" or fact.setter.args:
+            return False  # a construction (built in train mode) or `train(flag)`: not explicit
         setter = facts.enclosing_statement(fact.setter)
         anchor: ast.AST = context
         while True:
