@@ -281,7 +281,40 @@ class FlowQueries:
             held = self.held_instance(func.value)
             if held is not None:
                 return self.classes[held.func.id].methods.get(func.attr)  # type: ignore[union-attr]
+        if isinstance(func, ast.Attribute) and func.attr in self._in_file_method_names:
+            # `Trainer(args).train()`, or `trainer.train()` after `trainer = Trainer(args)`.
+            built: ast.AST | None = func.value
+            if isinstance(built, ast.Name) and built.id != "self":
+                built = self._sole_binding(built)
+            if (
+                isinstance(built, ast.Call)
+                and isinstance(built.func, ast.Name)
+                and built.func.id in self.classes
+            ):
+                return self.classes[built.func.id].methods.get(func.attr)
         return None
+
+    def _sole_binding(self, name: ast.Name) -> ast.expr | None:
+        """The value of the one assignment to `name` in its scope (or, for a name that scope
+        never binds, at module level); None when there are several or none. Read from the
+        binding tables alone: the value queries themselves ask which function a call runs."""
+        scope = self.scope(name)
+        table = self.assignments.get(scope, {})
+        if name.id not in table and scope is not self.tree:
+            if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                args = scope.args
+                every = [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]
+                if any(a is not None and a.arg == name.id for a in every):
+                    return None  # a parameter: whatever the callers pass
+            table = self.assignments.get(self.tree, {})
+        bindings = table.get(name.id, ())
+        if len(bindings) != 1 or bindings[0].index is not None or bindings[0].loop is not None:
+            return None
+        return bindings[0].value
+
+    @cached_property
+    def _in_file_method_names(self) -> frozenset[str]:
+        return frozenset(name for info in self.classes.values() for name in info.methods)
 
     def held_instance(self, attribute: ast.Attribute) -> ast.Call | None:
         """The construction `Hook(...)` of an in-file class that `self.<attr>` is bound to,
