@@ -13,17 +13,22 @@ from __future__ import annotations
 
 import ast
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from torchls.analysis.queries.vocabulary import (
     DIST_AUTOGRAD,
     GRAD_DISABLING,
     LOADER_NAME_RE,
+    ClassInfo,
     FunctionNode,
     _on_self,
     _unwrap_iterable,
     argument_at,
     loader_role,
 )
+
+if TYPE_CHECKING:
+    from torchls.analysis.facts import Facts
 
 # Decorators whose effect on gradients is known (none, or the grad-disabling ones).
 _PLAIN_DECORATORS = frozenset({"staticmethod", "classmethod", "property"})
@@ -144,37 +149,17 @@ class FlowQueries:
         `return` inside `with torch.no_grad():`, or the result of one of its own methods
         decorated with `@torch.no_grad()` (`if not self.trainable: return self.inference(x)`).
         Whether gradients are on then depends on the module's own state, not on the caller."""
-        origins = self.origins(call.func)
-        if len(origins) != 1 or not isinstance(origins[0].node, ast.Call):
-            return False
-        owner = origins[0].facts or self
-        found = owner.module_class_of_call(origins[0].node)
-        if found is None:
-            return False
-        facts, info = found
-        forward, depth = info.methods.get("forward"), 0
-        while forward is None and depth < 3:
-            bases = [facts.classes[b] for b in info.bases if b in facts.classes]
-            if not bases:
-                return False
-            info, depth = bases[0], depth + 1
-            forward = info.methods.get("forward")
-        if forward is None:
-            return False
-        for node in facts.walk_local(forward):
-            if not isinstance(node, ast.Return) or node.value is None:
-                continue
-            if facts._in_no_grad_block(node):
-                return True
-            value = node.value
-            if (
-                isinstance(value, ast.Call)
-                and isinstance(value.func, ast.Attribute)
-                and isinstance(value.func.value, ast.Name)
-                and value.func.value.id == "self"
-            ):
-                method = info.methods.get(value.func.attr)
-                if method is not None and facts.grad_disabling_decorator(method):
+        built = [(o.facts or self, o.node) for o in self.origins(call.func)]
+        for owner, node in list(built):
+            # A factory (`build_model(args)`, here or in another file) whose returned name
+            # is bound to one of several classes, one per branch: each class counts.
+            if isinstance(node, ast.Call) and owner.module_class_of_call(node) is None:
+                for factory, returned in owner.function_returns(node) or ():
+                    built += [(o.facts or factory, o.node) for o in factory.origins(returned)]
+        for owner, node in built:
+            if isinstance(node, ast.Call):
+                found = owner.module_class_of_call(node)
+                if found is not None and _forward_returns_without_grad(*found):
                     return True
         return False
 
@@ -741,3 +726,33 @@ def _guard_holds(guard: Guard, value: object) -> bool:
     if test == "eq":
         return value == constant
     return value != constant
+
+
+def _forward_returns_without_grad(facts: Facts, info: ClassInfo) -> bool:
+    """The module class's `forward` (or an in-file base's) returns, on some path, what a
+    `no_grad` block or one of its own `@torch.no_grad()` methods computed."""
+    forward, depth = info.methods.get("forward"), 0
+    while forward is None and depth < 3:
+        bases = [facts.classes[b] for b in info.bases if b in facts.classes]
+        if not bases:
+            return False
+        info, depth = bases[0], depth + 1
+        forward = info.methods.get("forward")
+    if forward is None:
+        return False
+    for node in facts.walk_local(forward):
+        if not isinstance(node, ast.Return) or node.value is None:
+            continue
+        if facts._in_no_grad_block(node):
+            return True
+        value = node.value
+        if (
+            isinstance(value, ast.Call)
+            and isinstance(value.func, ast.Attribute)
+            and isinstance(value.func.value, ast.Name)
+            and value.func.value.id == "self"
+        ):
+            method = info.methods.get(value.func.attr)
+            if method is not None and facts.grad_disabling_decorator(method):
+                return True
+    return False

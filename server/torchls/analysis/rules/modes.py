@@ -93,10 +93,11 @@ def _evaluates_by_behaviour(facts: Facts, call: ast.Call, loop: ast.AST, functio
     never trains (no backward, no step) and is never run on a training path (no call of it
     sits in a training loop, or in a step function that backwards), the loop feeds the model
     with what it iterates (`for x, y in data: model(x)`), or feeds the model's outputs back
-    into it (greedy decoding: `y = model.decoder(y, state)` around the loop)."""
+    into it (greedy decoding: `y = model.decoder(y, state)` around the loop). What it
+    iterates includes what the body builds from it first (`x = dataset[i]`)."""
     if not isinstance(loop, (ast.For, ast.AsyncFor)) or _on_training_path(facts, function):
         return False
-    targets = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
+    targets = _derived_from_target(facts, loop, call)
     arguments = [*call.args, *(k.value for k in call.keywords)]
     names = {n.id for a in arguments for n in ast.walk(a) if isinstance(n, ast.Name)}
     if targets & names:
@@ -116,6 +117,33 @@ def _evaluates_by_behaviour(facts: Facts, call: ast.Call, loop: ast.AST, functio
             ):
                 return True  # flows around the loop's back edge into the next call
     return False
+
+
+def _derived_from_target(facts: Facts, loop: ast.For | ast.AsyncFor, call: ast.Call) -> set[str]:
+    """The loop's target names, and the names the loop body binds before `call` from values
+    built on them (`x = dataset[i].unsqueeze(0)`, `idx = order[i : i + size]`): what the
+    loop iterates, as it reaches the model."""
+    names = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
+    bindings = [
+        node
+        for node in ast.walk(loop)
+        if isinstance(node, ast.Assign)
+        and (node.lineno, node.col_offset) < (call.lineno, call.col_offset)
+        and facts.scope(node) is facts.scope(call)
+    ]
+    for _ in range(3):  # a chain of a few assignments is enough
+        grown = False
+        for node in bindings:
+            if not any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(node.value)):
+                continue
+            for target in node.targets:
+                for bound in ast.walk(target):
+                    if isinstance(bound, ast.Name) and bound.id not in names:
+                        names.add(bound.id)
+                        grown = True
+        if not grown:
+            break
+    return names
 
 
 def _on_training_path(facts: Facts, function: ast.AST, depth: int = 0) -> bool:
