@@ -157,6 +157,51 @@ def test_editing_an_imported_module_re_analyses_its_importers(
     assert "TL101" not in after["train.py"]
 
 
+VALIDATION = """\
+def validate(generator, loader):
+    generator.eval()
+    total = 0.0
+    for mel, audio in loader:
+        total += (generator(mel) - audio).abs().mean().item()
+    return total
+"""
+TRAIN_WITH_VALIDATION = """\
+import torch
+from validation import validate
+
+
+def fit(generator, train_loader, val_loader, optimizer, epochs):
+    for epoch in range(epochs):
+        generator.train()
+        for mel, audio in train_loader:
+            optimizer.zero_grad()
+            (generator(mel) - audio).abs().mean().backward()
+            optimizer.step()
+        with torch.no_grad():
+            validate(generator, val_loader)
+"""
+
+
+def test_a_helper_s_findings_follow_its_callers_in_other_files(
+    project: Project, analyses: list[str]
+):
+    # validate() runs without no_grad itself, but its only caller wraps it in no_grad: no
+    # TL202 there. The caller is a file the helper's analysis read: editing it (the no_grad
+    # removed) re-analyses the helper, and the finding appears.
+    project.write("pyproject.toml", "")
+    project.write("validation.py", VALIDATION)
+    project.write("train.py", TRAIN_WITH_VALIDATION)
+    assert "TL202" not in check(project)["validation.py"]
+    analyses.clear()
+    unguarded = TRAIN_WITH_VALIDATION.replace(
+        "        with torch.no_grad():\n            validate", "        validate"
+    )
+    project.write("train.py", unguarded)
+    after = check(project)
+    assert sorted(analyses) == ["train.py", "validation.py"]
+    assert "TL202" in after["validation.py"]
+
+
 def test_changing_the_configuration_re_analyses(project: Project, analyses: list[str]):
     two_file_project(project)
     check(project)

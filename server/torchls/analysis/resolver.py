@@ -29,7 +29,7 @@ from torchls.analysis.index import ProjectIndex
 from torchls.records import record
 
 if TYPE_CHECKING:
-    from torchls.analysis.facts import Facts
+    from torchls.analysis.facts import Facts, FunctionNode
     from torchls.analysis.source import ParsedSource
 
 # Top-level modules that are never the user's project: no need to ask jedi about them.
@@ -67,6 +67,8 @@ MAX_FOLLOW_DEPTH = 3
 # Other project files whose facts stay cached: enough for the modules a project's scripts
 # share (models, losses, utils), while a server with hundreds of files open stays small.
 FACTS_LIMIT = 64
+# A project of more modules is not searched for the callers of a function in another file.
+CALLER_SEARCH_LIMIT = 400
 
 Overlay = Callable[[Path], "str | None"]
 
@@ -310,6 +312,55 @@ class Workspace:
         """This workspace answering only from what it already knows (no jedi call); the view
         records whether an answer was missing, so a slower full pass can follow."""
         return CachedView(self)
+
+    def calls_elsewhere(
+        self, facts: Facts, function: FunctionNode
+    ) -> list[tuple[Facts, ast.Call]] | None:
+        """The calls, in the other files of the project, that run `function` of `facts`'s
+        file (found through each file's own resolution of its callees). None when the
+        project cannot be searched (no root, a tree too large, more than CALLER_SEARCH_LIMIT
+        modules) or a file that imports it calls a method of that name on an object it
+        cannot name (it may be a caller). Every module searched is recorded as something
+        `facts`'s file depends on: a file that gains or loses such a call changes what its
+        analysis may say."""
+        if self.root is None or facts.filename.startswith("<"):
+            return None
+        modules = self.index.module_paths()
+        if modules is None:
+            return None
+        paths = [path for entries in modules.values() for _, path in entries]
+        if len(paths) > CALLER_SEARCH_LIMIT:
+            return None
+        own = self.real_path(facts.filename)
+        tail = own.parent.name if own.name == "__init__.py" else own.stem
+        found: list[tuple[Facts, ast.Call]] = []
+        for path in paths:
+            path = self.real_path(path)
+            if path == own:
+                continue
+            with self._lock:
+                self._dependents.setdefault(path, set()).add(own)
+            text = self.text_of(path)
+            if text is None or function.name not in text or tail not in text:
+                continue
+            other = self.facts_for(path)
+            if other is None:
+                continue
+            for call in other.calls:
+                func = call.func
+                named = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+                if named != function.name:
+                    continue
+                target = other.callee(call)
+                if target is None and isinstance(func, ast.Attribute):
+                    return None  # `evaluator.evaluate(model)` of an object we cannot name
+                if (
+                    target is not None
+                    and self.real_path(target[0].filename) == own
+                    and target[1].lineno == function.lineno
+                ):
+                    found.append((other, call))
+        return found
 
     def dependents_of(self, path: str | Path) -> set[Path]:
         """Files whose analysis followed a name into `path` (they need re-checking when it

@@ -163,6 +163,20 @@ class FlowQueries:
                     return True
         return False
 
+    def callers_elsewhere_disable_grad(self, function: FunctionNode) -> bool:
+        """`function` has no call site in this file, and every call of it in the project's
+        other files runs with gradients disabled (`with torch.no_grad(): validate(...)` in
+        train.py). Asked of a full view of the project only (a check, the editor's second
+        pass): the keystroke view does not read other files."""
+        if self.call_sites(function):
+            return False
+        workspace = self.workspace
+        if workspace is None or not getattr(workspace, "complete", True):
+            return False
+        project = getattr(workspace, "workspace", workspace)
+        found = project.calls_elsewhere(self, function)
+        return bool(found) and all(other.in_no_grad(call) for other, call in found)
+
     def parameters_frozen_before(self, key: str, node: ast.AST, depth: int = 0) -> bool:
         """Before `node`, in its own function (or module), every parameter of the module
         `key` names is frozen: `model.requires_grad_(False)`, or a loop over

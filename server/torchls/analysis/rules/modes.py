@@ -467,7 +467,9 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
     `requires_grad = False` set on each of `model.parameters()`), there or by every in-file
     caller before it hands the model over, nor a project model whose `forward` itself
     returns, on some path, what a `@torch.no_grad()` method or a `no_grad` block computed
-    (a detector whose forward hands over to `self.inference(x)` when not training).
+    (a detector whose forward hands over to `self.inference(x)` when not training), nor a
+    helper that only other project files call, each time under `torch.no_grad()` (found when
+    the whole project is checked, and in the editor's pass that reads the project).
 
     ## Why it is wrong
     `eval()` only changes how layers behave; it does not stop autograd. Every forward pass
@@ -496,6 +498,9 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
             continue  # no parameter requires a gradient: the forward records no graph
         if facts.forward_may_disable_grad(call):
             continue  # the module turns gradients off itself when it is not training
+        function = facts.enclosing_function(context)
+        if function is not None and facts.callers_elsewhere_disable_grad(function):
+            continue  # every caller, in the project's other files, runs it under no_grad
         yield Hit(
             call,
             f"`{key}` runs in an evaluation loop with gradients enabled; wrap the loop in "
