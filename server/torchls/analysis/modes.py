@@ -15,6 +15,7 @@ import ast
 from typing import TYPE_CHECKING, NamedTuple
 
 from torchls.analysis.facts import EVAL_FUNCTION_RE
+from torchls.analysis.queries.flow import guard_holds, guard_of
 from torchls.analysis.queries.vocabulary import _child_statements
 from torchls.records import field, record
 
@@ -77,8 +78,11 @@ class ModeAnalysis:
     # key -> the modes it may be in there.
     at_site: dict[ast.Call, dict[str, frozenset[ModeFact]]] = field(default_factory=dict)
     entry: dict[ast.AST, State] = field(default_factory=dict)
-    _effects: dict[ast.AST, State] = field(default_factory=dict)
+    _effects: dict[object, State] = field(default_factory=dict)
     _effect_stack: set[ast.AST] = field(default_factory=set)
+    # The helper being interpreted for a call site, with the constants that site binds to
+    # its parameters (`set_mode(train=False)`): its `if train:` takes one branch only.
+    _constants: list[tuple[FunctionNode, dict[str, object]]] = field(default_factory=list)
     _pending_entries: dict[ast.AST, State] = field(default_factory=dict)
     _calls: dict[ast.Call, CallInfo] = field(default_factory=dict)
     _relevant: dict[ast.AST, list[ast.Call]] = field(default_factory=dict)
@@ -228,6 +232,9 @@ class ModeAnalysis:
             return state
         if isinstance(stmt, ast.If):
             state = self._expression(stmt.test, state)
+            chosen = self._constant_branch(stmt)
+            if chosen is not None:
+                return self._interpret(stmt.body if chosen else stmt.orelse, state)
             body = self._interpret(stmt.body, state)
             orelse = self._interpret(stmt.orelse, state)
             if _never_falls_through(stmt.body):
@@ -564,7 +571,7 @@ class ModeAnalysis:
         else:
             pending = self._pending_entries.setdefault(function, {})
             self._pending_entries[function] = _union(pending, entry) if pending else entry
-        effect = self._effect(function)
+        effect = self._effect(function, _constant_arguments(call, function))
         if not effect:
             return state
         reverse = {param: key for key, param in mapping.items()}
@@ -582,16 +589,19 @@ class ModeAnalysis:
             updated[caller_key] = changed
         return updated
 
-    def _effect(self, function: FunctionNode) -> State:
-        """Modes a helper leaves behind, for the keys it changes."""
-        if function in self._effects:
-            return self._effects[function]
+    def _effect(self, function: FunctionNode, constants: dict[str, object] | None = None) -> State:
+        """Modes a helper leaves behind, for the keys it changes; with `constants`, as a call
+        binding those values to its parameters runs it (branches on them taken or not)."""
+        cache_key: object = (function, tuple(sorted(constants.items()))) if constants else function
+        if cache_key in self._effects:
+            return self._effects[cache_key]
         if function in self._effect_stack or len(self._effect_stack) > 4:
             return {}
         if not self.facts.function_reaches(function, _is_mode_call):
-            self._effects[function] = {}
+            self._effects[cache_key] = {}
             return {}
         self._effect_stack.add(function)
+        self._constants.append((function, constants or {}))
         saved_calls = dict(self.at_call)
         saved_sites = {call: dict(site) for call, site in self.at_site.items()}
         saved_pending = self._pending_entries
@@ -608,9 +618,41 @@ class ModeAnalysis:
         self.at_site = saved_sites
         self._pending_entries = saved_pending
         self._effect_stack.discard(function)
+        self._constants.pop()
         effect = {key: facts_ for key, facts_ in end.items() if facts_ != sentinel}
-        self._effects[function] = effect
+        self._effects[cache_key] = effect
         return effect
+
+    def _constant_branch(self, stmt: ast.If) -> bool | None:
+        """For an `if` on a parameter of the helper being interpreted for a call site that
+        binds that parameter to a constant: whether the body runs (None: both may)."""
+        if not self._constants:
+            return None
+        function, constants = self._constants[-1]
+        if not constants or self.facts.enclosing_function(stmt) is not function:
+            return None
+        guard = guard_of(self.facts, function, stmt.test, True)
+        if guard is None or guard[0] not in constants:
+            return None
+        return guard_holds(guard, constants[guard[0]])
+
+
+def _constant_arguments(call: ast.Call, function: FunctionNode) -> dict[str, object]:
+    """The parameters of `function` that `call` binds to a constant (`set_mode(train=False)`,
+    `net_mode(True)`), by name."""
+    params = [a.arg for a in [*function.args.posonlyargs, *function.args.args]]
+    if params and params[0] == "self" and isinstance(call.func, ast.Attribute):
+        params = params[1:]
+    bound: dict[str, object] = {}
+    for position, argument in enumerate(call.args):
+        if isinstance(argument, ast.Starred):
+            break
+        if isinstance(argument, ast.Constant) and position < len(params):
+            bound[params[position]] = argument.value
+    for keyword in call.keywords:
+        if keyword.arg and isinstance(keyword.value, ast.Constant):
+            bound[keyword.arg] = keyword.value.value
+    return bound
 
 
 def _own_helper_method(call: ast.Call, function: FunctionNode) -> bool:

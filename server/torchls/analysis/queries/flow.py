@@ -645,7 +645,7 @@ class FlowQueries:
 
     def _evaluating_sites(self, function: FunctionNode) -> list[tuple[ast.Call, str, ast.expr]]:
         if not any(
-            isinstance(node, ast.If) and _guard_of(self, function, node.test, True) is not None
+            isinstance(node, ast.If) and guard_of(self, function, node.test, True) is not None
             for node in self.scope_nodes.get(function, ())  # type: ignore[attr-defined]
         ):
             return []  # no `if` tests a parameter: nothing can switch training off
@@ -669,7 +669,7 @@ class FlowQueries:
             return []
         found = []
         for site, argument in zip(sites, arguments, strict=False):
-            if isinstance(argument, ast.Constant) and not _guard_holds(guard, argument.value):
+            if isinstance(argument, ast.Constant) and not guard_holds(guard, argument.value):
                 found.append((site, param, argument))
         return found
 
@@ -686,7 +686,7 @@ def _parameter_guard(facts: FlowQueries, function: FunctionNode, call: ast.Call)
     while current is not None and current is not function:
         if isinstance(current, ast.If):
             in_body = any(child is stmt for stmt in current.body)
-            guard = _guard_of(facts, function, current.test, in_body)
+            guard = guard_of(facts, function, current.test, in_body)
             if guard is not None:
                 return guard
         if isinstance(current, _SCOPE_TYPES):
@@ -695,9 +695,12 @@ def _parameter_guard(facts: FlowQueries, function: FunctionNode, call: ast.Call)
     return None
 
 
-def _guard_of(
+def guard_of(
     facts: FlowQueries, function: FunctionNode, test: ast.expr, in_body: bool
 ) -> Guard | None:
+    """The test `test` (seen from its body when `in_body`, else from its `else`) as a guard
+    on one parameter of `function`: `if train:`, `if not train:`, `if phase == "val":`,
+    also through a name bound once at the top (`is_train = optimizer is not None`)."""
     negated = False
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         test, negated = test.operand, True
@@ -707,7 +710,7 @@ def _guard_of(
         bound = facts.assignments_of(test.id, function)  # type: ignore[attr-defined]
         if len(bound) == 1 and bound[0].value is not None and bound[0].index is None:
             if facts.parents.get(bound[0].stmt) is function:  # type: ignore[attr-defined]
-                return _guard_of(facts, function, bound[0].value, positive)
+                return guard_of(facts, function, bound[0].value, positive)
         return None
     name: ast.expr | None = None
     guard: tuple[str, object] | None = None
@@ -731,7 +734,8 @@ def _guard_of(
     return (name.id, guard[0], guard[1])
 
 
-def _guard_holds(guard: Guard, value: object) -> bool:
+def guard_holds(guard: Guard, value: object) -> bool:
+    """Whether the guarded code runs when its parameter is `value`."""
     _, test, constant = guard
     if test == "truthy":
         return bool(value)

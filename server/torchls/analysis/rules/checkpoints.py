@@ -106,19 +106,32 @@ def _named(expr: ast.expr) -> bool:
 _STATEFUL_METHODS = ("state_dict", "parameters", "named_parameters")
 
 
-def _stateful_object(facts: Facts, value: ast.expr) -> str | None:
+def _stateful_object(facts: Facts, value: ast.expr, depth: int = 0) -> str | None:
     """How to name `value` when it holds a module or another object with a `state_dict`
-    rather than data: an instance of a project module class built in sight, or a name whose
-    same binding has `.state_dict()` / `.parameters()` called on it in its scope (a model
-    handed to a helper, then stored whole next to its own state dict)."""
+    rather than data: an instance of a project module class built in sight, a torch module
+    or optimizer built in sight (`torch.optim.Adam(...)`), a name whose same binding has
+    `.state_dict()` / `.parameters()` called on it in its scope (a model handed to a helper,
+    then stored whole next to its own state dict), or a helper's parameter that every call
+    site fills with one of those."""
     module = facts.module_object(value)
     if module is not None:
         return f"a whole {module[1].node.name} module object"
     if not isinstance(value, ast.Name):
         return None
     binding = facts.reaching_assignment(value)
+    if binding is None and depth < 2:
+        arguments = facts.parameter_arguments(value)
+        if arguments:
+            found = [_stateful_object(facts, argument, depth + 1) for argument in arguments]
+            if all(found):
+                return found[0]
     if binding is not None and not isinstance(binding.value, ast.Call):
         return None  # a literal, a loop target, an unpacked value: not known to be an object
+    if binding is not None and binding.index is None:
+        qualname = facts.call_qualname(binding.value) or ""  # type: ignore[arg-type]
+        head, _, last = qualname.rpartition(".")
+        if head.startswith(("torch.optim", "torch.nn")) and last[:1].isupper():
+            return f"a whole {last} object"
     scope = facts.scope(value)
     for call in facts.method_calls(*_STATEFUL_METHODS):
         receiver = facts.receiver(call)

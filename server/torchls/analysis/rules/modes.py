@@ -5,10 +5,11 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from torchls.analysis.facts import EVAL_FUNCTION_RE, Facts
+from torchls.analysis.facts import EVAL_FUNCTION_RE, Facts, FunctionNode
 from torchls.analysis.findings import Fix
 from torchls.analysis.layers import built_mode_sensitive, mode_sensitive, runs_no_module
 from torchls.analysis.modes import ModeAnalysis, analyse_modes
+from torchls.analysis.queries.flow import guard_holds, guard_of
 from torchls.analysis.queries.tensors import detached_value
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._edits import (
@@ -430,6 +431,8 @@ def _flag_evaluations(facts: Facts) -> Iterator[Hit]:
             key = facts.key(call.func)
             if key is None or key not in entry or not facts.enclosing_loops(call):
                 continue
+            if _switched_to_eval_by_flag(facts, function, key, param, argument):
+                continue  # `if is_train: model.train() else: model.eval()` inside the helper
             modes = entry[key]
             if not modes or any(fact.mode not in ("train", "default") for fact in modes):
                 continue
@@ -445,6 +448,36 @@ def _flag_evaluations(facts: Facts) -> Iterator[Hit]:
                 f"call `eval()` on it before that call ({_why_mode_matters(facts, call)})",
                 None,
             )
+
+
+def _switched_to_eval_by_flag(
+    facts: Facts, function: FunctionNode, key: str, param: str, argument: ast.expr
+) -> bool:
+    """The helper itself puts `key` in eval mode under a test of `param` that the site's
+    constant `argument` passes (`if is_train: net.train() else: net.eval()`)."""
+    if not isinstance(argument, ast.Constant):
+        return False
+    for call in facts.calls_in(function):
+        method = facts.method_name(call)
+        evaluates = (method == "eval" and not call.args) or (
+            method == "train"
+            and len(call.args) == 1
+            and isinstance(call.args[0], ast.Constant)
+            and call.args[0].value is False
+        )
+        if not evaluates or facts.key(facts.receiver(call)) != key:
+            continue
+        child: ast.AST = call
+        current = facts.parents.get(call)
+        while current is not None and current is not function:
+            if isinstance(current, ast.If):
+                guard = guard_of(facts, function, current.test, child in current.body)
+                if guard is not None and guard[0] == param:
+                    if guard_holds(guard, argument.value):
+                        return True
+                    break
+            child, current = current, facts.parents.get(current)
+    return False
 
 
 @rule(
@@ -623,6 +656,8 @@ def train_mode_not_restored(facts: Facts) -> Iterator[Hit]:
     found (`was_training = model.training` ... `model.train(was_training)`) are not reported,
     nor is an `eval()` (or `train(False)`) chosen on purpose by one arm of an `if` whose other
     arm calls `train()` (`if finetune: model.train() else: model.eval()`, a frozen backbone).
+    A helper whose parameter picks the mode (`def net_mode(self, train): if train: ...`) is
+    read with the constant each call passes: `net_mode(train=True)` restores training mode.
     A method of the module's own class called from its epoch loop (`self.run_train_epoch(
     loader)`) is a helper, not the module running: the mode that matters is the one the
     method's own forwards see (`self.train()` as its first statement restores it).
