@@ -341,7 +341,7 @@ class ModeAnalysis:
         kind = facts.kind_of(root)
         if kind is None or kind.kind != "model" or not kind.node:
             return state
-        mode, setter = "train", root
+        mode, setter = ("eval" if built_in_eval_mode(facts, root) else "train"), root
         link: ast.AST | None = value
         while link is not root and isinstance(link, ast.Call):
             method = facts.method_name(link)
@@ -635,6 +635,32 @@ class ModeAnalysis:
         if guard is None or guard[0] not in constants:
             return None
         return guard_holds(guard, constants[guard[0]])
+
+
+# Libraries whose `from_pretrained` hands the model back in eval mode (it calls `eval()`
+# before returning): a fresh model from them is not in training mode.
+_EVAL_PRETRAINED_LIBRARIES = frozenset({"transformers", "diffusers", "peft"})
+
+
+def built_in_eval_mode(facts: Facts, call: ast.Call) -> bool:
+    """`call` builds a model that starts in eval mode: `AutoModel.from_pretrained(...)` of a
+    library that switches what it loads to eval, or a project module class whose `__init__`
+    puts the networks it holds in eval itself and never in train (a frozen feature
+    extractor: `self.backbone = backbone.eval()`)."""
+    if facts.method_name(call) == "from_pretrained":
+        root = (facts.call_qualname(call) or "").split(".")[0]
+        return root in _EVAL_PRETRAINED_LIBRARIES
+    found = facts.module_class_of_call(call)
+    if found is None:
+        return False
+    owner, info = found
+    init = info.methods.get("__init__")
+    if init is None:
+        return False
+    switches = [c for c in owner.calls_in(init) if owner.method_name(c) in ("train", "eval")]
+    return bool(switches) and all(
+        owner.method_name(c) == "eval" and not c.args and not c.keywords for c in switches
+    )
 
 
 def _constant_arguments(call: ast.Call, function: FunctionNode) -> dict[str, object]:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from torchls.analysis.facts import EVAL_FUNCTION_RE, Facts, FunctionNode
 from torchls.analysis.findings import Fix
 from torchls.analysis.layers import built_mode_sensitive, mode_sensitive, runs_no_module
-from torchls.analysis.modes import ModeAnalysis, analyse_modes
+from torchls.analysis.modes import ModeAnalysis, analyse_modes, built_in_eval_mode
 from torchls.analysis.queries.flow import guard_holds, guard_of
 from torchls.analysis.queries.tensors import detached_value
 from torchls.analysis.registry import Hit, rule
@@ -259,7 +259,10 @@ def eval_without_eval_mode(facts: Facts) -> Iterator[Hit]:
     runs nothing it holds (a target smoother or mask builder written as an `nn.Module`) has
     no layer for eval() to switch and is not reported either, nor a loop the code puts the
     model in `train()` for just before it, with no training in between (re-estimating
-    batch-norm statistics, a data-dependent initialisation).
+    batch-norm statistics, a data-dependent initialisation). A model that comes into being
+    in eval mode is in eval mode: `from_pretrained` of transformers, diffusers or peft (they
+    call `eval()` before returning it), or a project module whose constructor puts the
+    networks it holds in eval (a frozen feature extractor).
 
     ## Why it is wrong
     In training mode dropout keeps dropping units and batch-norm normalises with the current
@@ -703,6 +706,8 @@ def train_mode_not_restored(facts: Facts) -> Iterator[Hit]:
                 continue
             if _skipped_by_same_test(facts, setter, call):
                 continue  # `if test: model.eval()` ... `if test: break` before training
+            if isinstance(setter, ast.Call) and built_in_eval_mode(facts, setter):
+                continue  # built in eval mode (`from_pretrained`), not switched in the loop
             if _guarded_apart(facts, setter, loops[0]):
                 continue  # `if phase == "train": ... else: model.eval()`: that path never trains
             if _mode_chosen_by_branch(facts, setter):
