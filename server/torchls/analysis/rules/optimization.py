@@ -430,12 +430,24 @@ def _move_after_loop(facts: Facts, call: ast.Call, loop: ast.AST | None) -> Fix 
 # ---------------------------------------------------------------------- TL403
 def _iteration_of(facts: Facts, node: ast.AST) -> ast.AST | None:
     """The loop that is one training iteration around `node`: the innermost enclosing loop that
-    reaches backward(), else the innermost loop."""
+    reaches backward(), else the innermost loop that is not a loop over the optimizers a
+    `scaler.step(optimizer)` steps (`for optimizer in self.optimizers: ...` runs inside one
+    iteration, whose update may come after it)."""
     loops = facts.enclosing_loops(node)
     for loop in loops:
         if facts.node_reaches(loop, facts.is_backward):
             return loop
-    return loops[0] if loops else None
+    stepped = node.args[0] if isinstance(node, ast.Call) and node.args else None
+    for loop in loops:
+        targets = (
+            {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
+            if isinstance(loop, (ast.For, ast.AsyncFor))
+            else set()
+        )
+        if isinstance(stepped, ast.Name) and stepped.id in targets:
+            continue
+        return loop
+    return None
 
 
 def _updates_scaler(facts: Facts, node: ast.AST) -> bool:
@@ -472,7 +484,9 @@ def grad_scaler_without_update(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
     `scaler.step(optimizer)` on a `GradScaler` in a training iteration that never calls
-    `scaler.update()` (or calls it only after the loop).
+    `scaler.update()` (or calls it only after the loop). A loop over several optimizers
+    inside one iteration (`for opt in optimizers: scaler.step(opt)`, then one update) is not
+    the iteration.
 
     ## Why it is wrong
     `update()` is what adapts the loss scale: it lowers it after an overflow and resets the
