@@ -414,6 +414,11 @@ class ValueQueries:
         """The project module class a value is constructed from, through parallel wrappers
         and methods that return their receiver (`.to(device)`, `.cuda()`)."""
         steps = 0
+        while isinstance(value, (ast.Name, ast.Attribute)) and steps < MAX_DEPTH:
+            # A parameter's argument at its call site (`train(net_glob, ...)`): what that
+            # name holds there.
+            value = self.binding_value(value)
+            steps += 1
         while isinstance(value, ast.Call) and steps < MAX_DEPTH:
             if (self.call_qualname(value) or "") in PARALLEL_WRAPPERS and value.args:
                 value = self._wrapped(value)
