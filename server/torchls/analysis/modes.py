@@ -645,8 +645,8 @@ _EVAL_PRETRAINED_LIBRARIES = frozenset({"transformers", "diffusers", "peft"})
 def built_in_eval_mode(facts: Facts, call: ast.Call) -> bool:
     """`call` builds a model that starts in eval mode: `AutoModel.from_pretrained(...)` of a
     library that switches what it loads to eval, or a project module class whose `__init__`
-    puts the networks it holds in eval itself and never in train (a frozen feature
-    extractor: `self.backbone = backbone.eval()`)."""
+    (or a method of its own that it calls) puts the networks it holds in eval itself and
+    never in train (a frozen feature extractor: `self.backbone = backbone.eval()`)."""
     if facts.method_name(call) == "from_pretrained":
         root = (facts.call_qualname(call) or "").split(".")[0]
         return root in _EVAL_PRETRAINED_LIBRARIES
@@ -657,7 +657,12 @@ def built_in_eval_mode(facts: Facts, call: ast.Call) -> bool:
     init = info.methods.get("__init__")
     if init is None:
         return False
-    switches = [c for c in owner.calls_in(init) if owner.method_name(c) in ("train", "eval")]
+    calls = list(owner.calls_in(init))
+    for call in list(calls):  # and the class's own methods it calls (`self._load_model()`)
+        method = owner.called_function(call)
+        if method is not None and method is not init and method in info.methods.values():
+            calls += owner.calls_in(method)
+    switches = [c for c in calls if owner.method_name(c) in ("train", "eval")]
     return bool(switches) and all(
         owner.method_name(c) == "eval" and not c.args and not c.keywords for c in switches
     )

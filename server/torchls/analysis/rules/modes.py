@@ -11,6 +11,7 @@ from torchls.analysis.layers import built_mode_sensitive, mode_sensitive, runs_n
 from torchls.analysis.modes import ModeAnalysis, analyse_modes, built_in_eval_mode
 from torchls.analysis.queries.flow import guard_holds, guard_of
 from torchls.analysis.queries.tensors import detached_value
+from torchls.analysis.queries.vocabulary import argument_at
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._edits import (
     delete_statement_line,
@@ -215,6 +216,45 @@ def _put_in_train_for_this_loop(facts: Facts, context: ast.AST, modes: frozenset
     return True
 
 
+def _wraps_what_was_evaluated(facts: Facts, call: ast.Call, context: ast.AST) -> bool:
+    """`evaluate(sampler, net)` puts `net` in eval() and runs `sampler(x)`: at every call site
+    the sampler passed in is a project module built on the very network passed for `net`
+    (`GaussianDiffusionSampler(net_model, ...)`), so what runs inside it is in eval mode."""
+    func = call.func
+    function = facts.enclosing_function(call)
+    if not isinstance(func, ast.Name) or function is None:
+        return False
+    params = {a.arg for a in [*function.args.posonlyargs, *function.args.args]}
+    evaluated = set()
+    for switch in facts.calls_in(function):
+        receiver = facts.receiver(switch)
+        if (
+            facts.method_name(switch) == "eval"
+            and not switch.args
+            and switch.lineno < getattr(context, "lineno", 0)
+            and isinstance(receiver, ast.Name)
+            and receiver.id in params
+            and receiver.id != func.id
+        ):
+            evaluated.add(receiver.id)
+    sites = facts.call_sites(function)
+    if func.id not in params or not evaluated or not sites:
+        return False
+    for site in sites:
+        bound = isinstance(site.func, ast.Attribute)
+        told, wrapper = argument_at(site, function, func.id, bound)
+        module = facts.module_object(wrapper) if told and wrapper is not None else None
+        if module is None:
+            return False
+        built = module[2]
+        arguments = [*built.args, *(k.value for k in built.keywords)]
+        inner = {n.id for a in arguments for n in ast.walk(a) if isinstance(n, ast.Name)}
+        passed = [argument_at(site, function, name, bound) for name in evaluated]
+        if not any(ok and isinstance(a, ast.Name) and a.id in inner for ok, a in passed):
+            return False
+    return True
+
+
 def _block_of(parent: ast.AST | None, statement: ast.AST) -> list[ast.stmt] | None:
     """The statement list of `parent` that holds `statement`."""
     if parent is None:
@@ -262,7 +302,9 @@ def eval_without_eval_mode(facts: Facts) -> Iterator[Hit]:
     batch-norm statistics, a data-dependent initialisation). A model that comes into being
     in eval mode is in eval mode: `from_pretrained` of transformers, diffusers or peft (they
     call `eval()` before returning it), or a project module whose constructor puts the
-    networks it holds in eval (a frozen feature extractor).
+    networks it holds in eval (a frozen feature extractor). A wrapper run after the network
+    it wraps was put in eval (`evaluate(sampler, net)`: `net.eval()`, then `sampler(x)`, where
+    every caller built the sampler on that network) is not reported either.
 
     ## Why it is wrong
     In training mode dropout keeps dropping units and batch-norm normalises with the current
@@ -313,6 +355,8 @@ def eval_without_eval_mode(facts: Facts) -> Iterator[Hit]:
             continue  # a target smoother written as a module: it runs nothing it holds
         if _put_in_train_for_this_loop(facts, context, modes):
             continue  # `model.train()` right before it: batch-norm re-estimation, data init
+        if _wraps_what_was_evaluated(facts, call, context):
+            continue  # `sampler(x)` after `net.eval()`: every caller built the sampler on net
         edits = [insert_line_before(facts, context, f"{key}.eval()")]  # type: ignore[arg-type]
         if any(
             facts.node_reaches(outer, facts.is_backward) for outer in facts.enclosing_loops(context)
