@@ -63,7 +63,8 @@ OPTIMIZER_NAME_RE = re.compile(
 LOADER_NAME_RE = re.compile(r"(loader|^dl$|_dl$|^dl_|batches$|^batch_iter)", re.IGNORECASE)
 LOSS_NAME_RE = re.compile(r"^(criterion|loss_fn|loss_func|lossfn|.+_criterion|criterion_.+)$")
 EVAL_ROLE_RE = re.compile(
-    r"(^|_)(val|valid|validation|test|eval|evaluation|dev|holdout)(_|$|loader|set)"
+    r"(^|_)(val|valid|validation|test|eval|evaluation|dev|holdout)"
+    r"(_|$|loader|set|dataloader|data_?loader|dl$)"
 )
 EVAL_FUNCTION_RE = re.compile(
     r"^_?(validate|validation|evaluate|evaluation|eval|test|val|valid|run_eval|run_validation|"

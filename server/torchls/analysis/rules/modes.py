@@ -58,9 +58,15 @@ def evaluation_context(facts: Facts, call: ast.Call) -> ast.AST | None:
 
 def _handles_optimizer(facts: Facts, loop: ast.AST) -> bool:
     """The loop clears gradients or hands an optimizer to something (`optimizer.zero_grad()`,
-    `loss_scaler(loss, optimizer)` whose backward is out of sight): it trains."""
-    for call in facts.calls_in(loop):
-        if facts.is_zero_grad(call):
+    `loss_scaler(loss, optimizer)` whose backward is out of sight): it trains. Over a loader
+    named for evaluation, a lone `zero_grad()` with nothing stepped and no optimizer handed
+    on is a leftover, not training."""
+    calls = facts.calls_in(loop)
+    leftover = facts.batch_loops.get(loop) == "eval" and not any(
+        facts.method_name(call) == "step" for call in calls
+    )
+    for call in calls:
+        if facts.is_zero_grad(call) and not leftover:
             return True
         arguments = [*call.args, *(k.value for k in call.keywords)]
         if any(facts.is_kind(a, "optimizer") for a in arguments if isinstance(a, ast.Name)):
