@@ -404,7 +404,9 @@ def sampler_without_set_epoch(facts: Facts) -> Iterator[Hit]:
     ## What it catches
     A shuffling `DistributedSampler` whose `DataLoader` is iterated in an epoch loop, while
     nothing in the file calls `set_epoch` on the sampler (`sampler.set_epoch(epoch)` or
-    `loader.sampler.set_epoch(epoch)`). The loader may reach the loop through a project
+    `loader.sampler.set_epoch(epoch)`). The sampler may be built through a name bound to its
+    class (`sampler_cls = RandomSampler if local_rank == -1 else DistributedSampler`: a
+    distributed run builds the DistributedSampler). The loader may reach the loop through a project
     wrapper that returns it (`backend.distribute(loader)`), a factory, or a constructor
     parameter stored on `self` and iterated in a method the epoch loop calls. Samplers built
     with `shuffle=False` (evaluation), loaders named like validation/test ones, and loaders
@@ -429,7 +431,7 @@ def sampler_without_set_epoch(facts: Facts) -> Iterator[Hit]:
     Call `sampler.set_epoch(epoch)` at the start of each epoch, before iterating the loader.
     The quick fix inserts it; it is unsafe because it changes the data order.
     """
-    found = [_distributed_loader(facts, sampler) for sampler in facts.calls_to(*SAMPLERS)]
+    found = [_distributed_loader(facts, sampler) for sampler in _sampler_calls(facts)]
     aliases = {
         id(item): _loader_aliases(facts, item[3], facts.scope(item[4])) for item in found if item
     }
@@ -466,13 +468,17 @@ def sampler_without_set_epoch(facts: Facts) -> Iterator[Hit]:
             continue
         if facts.is_inside(sampler, epoch_loop):
             continue
+        named = facts.source.segment(sampler.func)
+        aliased = facts.call_qualname(sampler) not in SAMPLERS
+        # Aliased, the other class (a RandomSampler) has no set_epoch: no fix to offer.
+        named += "` (a `DistributedSampler` in a distributed run)" if aliased else "`"
         yield Hit(
             sampler,
-            f"`{facts.source.segment(sampler.func)}` shuffles, but `set_epoch` is never called "
+            f"`{named} shuffles, but `set_epoch` is never called "
             f"on it: `{loader_key}` yields the same order every epoch (loop on line "
             f"{epoch_loop.lineno}); call `.set_epoch(epoch)` at the start of each epoch",
             None
-            if _reiterated_by_hand(facts, epoch_loop, loader_key)
+            if aliased or _reiterated_by_hand(facts, epoch_loop, loader_key)
             else _insert_set_epoch(facts, epoch_loop, sampler_key, assignment, loader_key, scope),
         )
     if not told:
@@ -550,9 +556,35 @@ def _sampler_of(facts: Facts, loader: ast.Call) -> ast.Call | None:
     value = next((k.value for k in loader.keywords if k.arg == "sampler"), None)
     if isinstance(value, ast.Name):
         value = facts.binding_value(value)
-    if isinstance(value, ast.Call) and facts.call_qualname(value) in SAMPLERS:
+    if isinstance(value, ast.Call) and _is_sampler_call(facts, value):
         return value
     return None
+
+
+def _sampler_calls(facts: Facts) -> list[ast.Call]:
+    """Constructions of a DistributedSampler: direct, or through a name bound to the class
+    (`sampler_cls = RandomSampler if local_rank == -1 else DistributedSampler`, then
+    `sampler_cls(dataset)`: a distributed run builds a DistributedSampler)."""
+    direct = facts.calls_to(*SAMPLERS)
+    aliased = [
+        call
+        for call in facts.calls
+        if isinstance(call.func, ast.Name) and call not in direct and _is_sampler_call(facts, call)
+    ]
+    return sorted([*direct, *aliased], key=lambda c: (c.lineno, c.col_offset))
+
+
+def _is_sampler_call(facts: Facts, call: ast.Call) -> bool:
+    if facts.call_qualname(call) in SAMPLERS:
+        return True
+    if not isinstance(call.func, ast.Name) or call.func.id in facts.imports:
+        return False
+    bound = facts.binding_value(call.func)
+    choices = [bound.body, bound.orelse] if isinstance(bound, ast.IfExp) else [bound]
+    return any(
+        isinstance(choice, (ast.Name, ast.Attribute)) and facts.qualname(choice) in SAMPLERS
+        for choice in choices
+    )
 
 
 def _epoch_context(facts: Facts, loop: ast.AST) -> ast.AST | None:
