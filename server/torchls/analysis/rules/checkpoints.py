@@ -775,6 +775,33 @@ def _constructed(facts: Facts, kinds: tuple[str, ...]) -> dict[str, list[tuple[a
     return found
 
 
+def _handed_back_to(
+    facts: Facts, construction: ast.Call, visible: tuple[ast.AST, ...], around: list[ast.AST]
+) -> bool:
+    """`construction` is returned by an in-file function or method (`configure_optimizers`)
+    that a scope the save can see calls outside the loops around the save: the object it
+    builds lives there (`optimizer = model.configure_optimizers(lr)`)."""
+    function = facts.enclosing_function(construction)
+    if function is None:
+        return False
+    parent = facts.parents.get(construction)
+    returned = isinstance(parent, ast.Return)
+    if not returned and isinstance(parent, ast.Assign) and len(parent.targets) == 1:
+        target = parent.targets[0]
+        returned = isinstance(target, ast.Name) and any(
+            isinstance(node, ast.Return)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == target.id
+            for node in facts.walk_local(function)
+        )
+    if not returned:
+        return False
+    return any(
+        facts.scope(site) in visible and not any(facts.is_inside(site, loop) for loop in around)
+        for site in facts.call_sites(function)
+    )
+
+
 def _stateless_sgd(facts: Facts, call: ast.Call, detail: str) -> bool:
     if detail != "SGD":
         return False
@@ -851,8 +878,11 @@ def checkpoint_missing_training_state(facts: Facts) -> Iterator[Hit]:
             kind: [
                 (c, d)
                 for c, d in found
-                if facts.scope(c) in visible
-                and not any(facts.is_inside(c, loop) for loop in around)
+                if (
+                    facts.scope(c) in visible
+                    and not any(facts.is_inside(c, loop) for loop in around)
+                )
+                or _handed_back_to(facts, c, visible, around)
             ]
             for kind, found in constructed.items()
         }
