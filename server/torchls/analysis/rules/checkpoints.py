@@ -8,6 +8,7 @@ from pathlib import Path
 
 from torchls.analysis.facts import Facts
 from torchls.analysis.findings import Fix
+from torchls.analysis.queries.vocabulary import argument_at
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._edits import insert_at, replace_node
 
@@ -775,6 +776,51 @@ def _constructed(facts: Facts, kinds: tuple[str, ...]) -> dict[str, list[tuple[a
     return found
 
 
+def _held_by_self(facts: Facts, save: ast.Call) -> set[str]:
+    """For a save in a method of an in-file class (a trainer): the kinds of training objects
+    the instance holds as `self.<attr>`, built in the class (`self.scaler = GradScaler()`) or
+    handed to its constructor by every call site (`Trainer(model, opt, sched)` with `opt`,
+    `sched` built there). Plain SGD without momentum holds no state and does not count."""
+    klass = facts.enclosing_class(save)
+    info = facts.classes.get(klass.name) if klass is not None else None
+    if info is None:
+        return set()
+    init = info.methods.get("__init__")
+    sites = facts.call_sites(init) if init is not None else []
+    found: set[str] = set()
+    for values in info.attributes.values():
+        if len(values) != 1:
+            continue
+        value = values[0]
+        candidates: list[ast.expr] = [value]
+        if isinstance(value, ast.Name) and init is not None and sites:
+            candidates = []
+            for site in sites:
+                told, argument = argument_at(site, init, value.id, True)
+                if not told or argument is None:
+                    candidates = []
+                    break
+                candidates.append(argument)
+        kinds = set()
+        for candidate in candidates:
+            kind = facts.kind_of(candidate)
+            node = kind.node if kind is not None else None
+            if (
+                kind is None
+                or kind.by_name
+                or not isinstance(node, ast.Call)
+                or (kind.kind == "optimizer" and _stateless_sgd(facts, node, kind.detail))
+            ):
+                kinds.add("")
+            else:
+                kinds.add(kind.kind)
+        if candidates and len(kinds) == 1:
+            kind_found = kinds.pop()
+            if kind_found in ("optimizer", "scheduler", "scaler"):
+                found.add(kind_found)
+    return found
+
+
 def _handed_back_to(
     facts: Facts, construction: ast.Call, visible: tuple[ast.AST, ...], around: list[ast.AST]
 ) -> bool:
@@ -846,7 +892,11 @@ def checkpoint_missing_training_state(facts: Facts) -> Iterator[Hit]:
     script has them. Plain SGD without momentum keeps no state and is not reported for the
     optimizer, and neither is one export written once after the training loop has ended,
     nor an object rebuilt on every pass of the loop the save sits in (a fresh optimizer per
-    epoch), whose state never outlives the pass.
+    epoch), whose state never outlives the pass. Objects count where the save can see them:
+    built in its function or at module level, handed back by an in-file function or method
+    (`optimizer = model.configure_optimizers(lr)`), or, for a save in a trainer class's
+    method, held by the instance (`self.scaler = GradScaler()`, or a scheduler every caller
+    hands to the constructor).
 
     ## Why it is wrong
     Resuming from such a checkpoint restarts Adam's moment estimates (or SGD's momentum) from
@@ -886,10 +936,12 @@ def checkpoint_missing_training_state(facts: Facts) -> Iterator[Hit]:
             ]
             for kind, found in constructed.items()
         }
+        held = _held_by_self(facts, call)
         needed = {
-            "optimizer": any(not _stateless_sgd(facts, c, d) for c, d in local["optimizer"]),
-            "scheduler": bool(local["scheduler"]),
-            "scaler": bool(local["scaler"]),
+            "optimizer": any(not _stateless_sgd(facts, c, d) for c, d in local["optimizer"])
+            or "optimizer" in held,
+            "scheduler": bool(local["scheduler"]) or "scheduler" in held,
+            "scaler": bool(local["scaler"]) or "scaler" in held,
         }
         values = _dict_values(facts, saved)
         owners = [_state_dict_owner(facts, v) for v in values]
