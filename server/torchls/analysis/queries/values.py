@@ -130,6 +130,18 @@ class ValueQueries:
                 if alternatives is not None:
                     # `model(x)` where `model` is `A()` on one path and `B()` on another.
                     return self._alternative_calls(expr, alternatives, depth, via)
+                chosen = self.binding_value(expr.func)
+                if (
+                    isinstance(chosen, ast.IfExp)
+                    and isinstance(chosen.body, ast.Call)
+                    and isinstance(chosen.orelse, ast.Call)
+                ):
+                    # `model = MLP() if kind == "mlp" else CNN()`: each side is one path.
+                    found: list[Origin] = []
+                    for side in (chosen.body, chosen.orelse):
+                        inner = self._module_call_origins(expr, depth, via, side)
+                        found.extend(_in_branch(inner or [Origin(expr, via)], side))
+                    return found
             module_origins = self._module_call_origins(expr, depth, via)
             if module_origins is not None:
                 return module_origins

@@ -419,7 +419,10 @@ def nll_without_log_softmax(facts: Facts) -> Iterator[Hit]:
         origins = facts.origins(loss_call.input)
         if not origins:
             continue
-        if all(activation_of(facts, origin) == "softmax" for origin in origins):
+        softmaxed = all_activated(facts, loss_call.input, {"softmax"})
+        if softmaxed is not None:
+            # Every path, or every origin of one `if` arm (`MLP() if ... else CNN()`).
+            origins = softmaxed
             what = "a softmax output"
             fix = _softmax_to_log_softmax_fix(facts, loss_call.input, origins)
         elif all(_is_raw_linear_output(facts, origin) for origin in origins):
