@@ -413,3 +413,61 @@ def test_a_check_and_the_modules_it_follows_share_one_summary_context(tmp_path) 
     on_cached = _resolution_context(build_facts(parsed, name, workspace.cached_view()))  # type: ignore[arg-type]
     assert on_view == on_workspace == ("project", str(tmp_path.resolve()))
     assert on_cached[0] == "view"
+
+
+MODE_FREE_LIBRARY = """\
+import torch
+import torch.nn as nn
+
+
+class AutoEncoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encode = nn.Conv2d(3, 8, 3, padding=1)
+        self.decode = nn.ConvTranspose2d(8, 3, 3, padding=1)
+
+    def forward(self, x):
+        return self.decode(torch.relu(self.encode(x)))
+
+
+def training(model, batches, epochs):
+    optimizer = torch.optim.Adam(model.parameters())
+    model.train()
+    for epoch in range(epochs):
+        for images in batches:
+            loss = (model(images) - images).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        model.eval()
+        with torch.no_grad():
+            print(epoch, (model(batches[0]) - batches[0]).pow(2).mean().item())
+"""
+MODE_FREE_SCRIPT = """\
+import autoencoder as ae
+
+model = ae.AutoEncoder()
+ae.training(model, [], 10)
+"""
+
+
+def test_a_parameter_only_other_files_fill_is_judged_by_what_they_pass(tmp_path: Path) -> None:
+    # training()'s model comes from start.py: an AutoEncoder of convolutions only, which
+    # eval() cannot change, so the eval() left on in the epoch loop is no TL203 there. The
+    # same class with a dropout layer is.
+    (tmp_path / "autoencoder.py").write_text(MODE_FREE_LIBRARY)
+    (tmp_path / "start.py").write_text(MODE_FREE_SCRIPT)
+    library = tmp_path / "autoencoder.py"
+    found = analyze(library.read_text(), str(library), workspace=Workspace(tmp_path))
+    assert [f.code for f in found.findings if f.code == "TL203"] == []
+    with_dropout = MODE_FREE_LIBRARY.replace(
+        "self.decode(torch.relu(self.encode(x)))",
+        "self.decode(self.drop(torch.relu(self.encode(x))))",
+    ).replace(
+        "        self.decode = nn.ConvTranspose2d(8, 3, 3, padding=1)\n",
+        "        self.decode = nn.ConvTranspose2d(8, 3, 3, padding=1)\n"
+        "        self.drop = nn.Dropout(0.2)\n",
+    )
+    library.write_text(with_dropout)
+    found = analyze(library.read_text(), str(library), workspace=Workspace(tmp_path))
+    assert [f.code for f in found.findings if f.code == "TL203"] == ["TL203"]

@@ -17,9 +17,11 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING
 
+from torchls.analysis.queries.vocabulary import argument_at
+
 if TYPE_CHECKING:
     from torchls.analysis.facts import Facts
-    from torchls.analysis.queries.vocabulary import ClassInfo
+    from torchls.analysis.queries.vocabulary import ClassInfo, argument_at
 
 # torch.nn layers whose output does not depend on the mode.
 MODE_FREE = frozenset(
@@ -89,11 +91,45 @@ MAX_DEPTH = 4
 
 
 def mode_sensitive(facts: Facts, expr: ast.AST | None) -> bool:
-    """True unless every layer of the model `expr` names is known to ignore the mode."""
+    """True unless every layer of the model `expr` names is known to ignore the mode. A
+    parameter of a function only other project files call is what they pass for it."""
     kind = facts.kind_of(expr)
     if kind is None or kind.kind != "model" or not isinstance(kind.node, ast.Call):
-        return True
+        passed = _passed_from_elsewhere(facts, expr)
+        if not passed:
+            return True
+        return any(_call_sensitive(other, node, 0) is not False for other, node in passed)
     return _call_sensitive(facts, kind.node, 0) is not False
+
+
+def _passed_from_elsewhere(facts: Facts, expr: ast.AST | None) -> list[tuple[Facts, ast.Call]]:
+    """For a parameter of a function with no call site in this file: the module constructions
+    that the calls of it in the project's other files pass for that parameter (every one of
+    them must be known, else nothing)."""
+    if not isinstance(expr, ast.Name):
+        return []
+    function = facts.parameter_of(expr)
+    workspace = facts.workspace
+    if function is None or workspace is None or not getattr(workspace, "complete", True):
+        return []
+    if facts.call_sites(function):
+        return []
+    project = getattr(workspace, "workspace", workspace)
+    found = project.calls_elsewhere(facts, function)
+    if not found:
+        return []
+    # A method is called bound (`trainer.fit(model)`); a function through its module is not
+    # (`engine.fit(model)`).
+    method = facts.enclosing_class(function) is not None
+    built: list[tuple[Facts, ast.Call]] = []
+    for other, call in found:
+        bound = method and isinstance(call.func, ast.Attribute)
+        told, argument = argument_at(call, function, expr.id, bound)
+        module = other.module_object(argument) if told and argument is not None else None
+        if module is None:
+            return []
+        built.append((other, module[2]))
+    return built
 
 
 def built_mode_sensitive(facts: Facts, call: ast.Call) -> bool:

@@ -706,7 +706,9 @@ def train_mode_not_restored(facts: Facts) -> Iterator[Hit]:
     loop does not train (a frozen teacher no optimizer there steps, or only run under
     `no_grad`), models whose every layer ignores the mode (linear, convolution and activation
     layers only: eval() changes nothing for them) and helpers that restore the mode they
-    found (`was_training = model.training` ... `model.train(was_training)`) are not reported,
+    found (`was_training = model.training` ... `model.train(was_training)`) are not reported
+    (a helper's model parameter that only other project files fill is judged by the modules
+    they pass),
     nor is an `eval()` (or `train(False)`) chosen on purpose by one arm of an `if` whose other
     arm calls `train()` (`if finetune: model.train() else: model.eval()`, a frozen backbone).
     A helper whose parameter picks the mode (`def net_mode(self, train): if train: ...`) is
