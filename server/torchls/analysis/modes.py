@@ -725,14 +725,25 @@ def _owning_key(key: str, state: State) -> str | None:
     return None
 
 
+# Calls that end the process: a block ending in one never reaches the code after it.
+_EXITS = frozenset({"sys.exit", "exit", "quit", "os._exit"})
+
+
 def _never_falls_through(body: list[ast.stmt]) -> bool:
-    """The block ends the run of its function: its last statement is a `raise` or an
-    `assert` of a false constant (`else: assert False`)."""
+    """The block ends the run of its function: its last statement is a `raise`, an `assert`
+    of a false constant (`else: assert False`), or a call that ends the process
+    (`sys.exit(0)` after a search run before training)."""
     if not body:
         return False
     last = body[-1]
     if isinstance(last, ast.Raise):
         return True
+    if isinstance(last, ast.Expr) and isinstance(last.value, ast.Call):
+        func = last.value.func
+        name = func.id if isinstance(func, ast.Name) else None
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+            name = f"{func.value.id}.{func.attr}"
+        return name in _EXITS
     return (
         isinstance(last, ast.Assert) and isinstance(last.test, ast.Constant) and not last.test.value
     )

@@ -141,6 +141,14 @@ class KindQueries:
             return ObjectKind("model", short, call)
         if isinstance(call.func, ast.Name) and self.module_class_of_call(call) is not None:
             return ObjectKind("model", call.func.id, call)
+        if isinstance(call.func, ast.Name) and call.func.id in self.classes:
+            # An optimizer or a scheduler written here (`class Lookahead(torch.optim.Optimizer)`,
+            # `class FindLR(_LRScheduler)`).
+            bases = self.classes[call.func.id].bases
+            if any(base.startswith("torch.optim.lr_scheduler.") for base in bases):
+                return ObjectKind("scheduler", call.func.id, call)
+            if any(base.startswith("torch.optim.") for base in bases):
+                return ObjectKind("optimizer", call.func.id, call)
         for owner, returned in (self.function_returns(call) or ())[:1]:
             # A factory (`build_model()`, `make_criterion()`): what its return builds.
             found = owner.kind_of(returned, depth + 1)

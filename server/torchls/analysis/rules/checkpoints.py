@@ -755,12 +755,46 @@ def _state_dict_owner(facts: Facts, value: ast.expr, depth: int = 0) -> ast.expr
             facts, value.orelse, depth
         )
     if isinstance(value, ast.Call) and facts.method_name(value) == "state_dict":
-        return facts.receiver(value)
+        return _element_of(facts, facts.receiver(value))
+    if (
+        isinstance(value, (ast.ListComp, ast.GeneratorExp))
+        and len(value.generators) == 1
+        and isinstance(value.generators[0].target, ast.Name)
+    ):
+        # `[opt.state_dict() for opt in optimizers]`: the state of each optimizer listed.
+        owner = _state_dict_owner(facts, value.elt, depth)
+        generator = value.generators[0]
+        if isinstance(owner, ast.Name) and owner.id == generator.target.id:  # type: ignore[union-attr]
+            return _element_of(facts, generator.iter, whole=True)
+        return owner
     if isinstance(value, ast.Name) and depth < 3:
         bound = facts.binding_value(value)
         if bound is not None:
             return _state_dict_owner(facts, bound, depth + 1)
     return None
+
+
+def _element_of(facts: Facts, expr: ast.expr | None, whole: bool = False) -> ast.expr | None:
+    """An object taken out of a list literal stands for what the list holds: `outer` after
+    `outer = optimizers[0]`, or (`whole`) the list `optimizers = [adam, sgd]` itself, stand
+    for its first element. Anything else is itself."""
+    if expr is None:
+        return None
+    value = expr
+    if isinstance(value, ast.Name) and not whole:
+        bound = facts.binding_value(value)
+        if isinstance(bound, ast.Subscript):
+            value = bound.value
+        else:
+            return expr
+    elif isinstance(value, ast.Subscript):
+        value = value.value
+    elif not whole:
+        return expr
+    listed = facts.binding_value(value) if isinstance(value, ast.Name) else value
+    if isinstance(listed, (ast.List, ast.Tuple)) and listed.elts:
+        return listed.elts[0]
+    return expr
 
 
 def _constructed(facts: Facts, kinds: tuple[str, ...]) -> dict[str, list[tuple[ast.Call, str]]]:
@@ -1184,6 +1218,26 @@ def _before_on_path(facts: Facts, earlier: ast.stmt, later: ast.AST) -> bool:
     return False
 
 
+def _own_load_state_dict(facts: Facts, call: ast.Call) -> bool:
+    """The receiver is an object of a project class that is no module and writes its own
+    `load_state_dict` (a trainer restoring its parts): what `strict` means there, and what it
+    does with the missing keys, is that method's business."""
+    receiver = facts.receiver(call)
+    value = facts.binding_value(receiver) if receiver is not None else None
+    if not isinstance(value, ast.Call) or not isinstance(value.func, ast.Name):
+        return False
+    info = facts.classes.get(value.func.id)
+    owner = facts
+    if info is None:
+        definition = facts.definition(value.func.id)
+        if definition is None or not isinstance(definition.node, ast.ClassDef):
+            return False
+        owner, info = definition.facts, definition.facts.classes.get(definition.node.name)
+    if info is None or owner.module_class(info.node.name) is not None:
+        return False
+    return "load_state_dict" in info.methods
+
+
 @rule(
     "TL306",
     "load-state-dict-not-strict-unchecked",
@@ -1233,6 +1287,8 @@ def load_state_dict_not_strict_unchecked(facts: Facts) -> Iterator[Hit]:
         statement = facts.parents.get(call)
         if not isinstance(statement, ast.Expr):
             continue
+        if _own_load_state_dict(facts, call):
+            continue  # a trainer's own `load_state_dict`, not a module's: it decides itself
         state = call.args[0] if call.args else None
         if state is not None and (
             _filtered_to_own_keys(facts, state) or _reported_after(facts, statement, state)

@@ -168,6 +168,8 @@ def batch_not_moved_to_device(facts: Facts) -> Iterator[Hit]:
         }
         if not targets or _collated_onto_device(facts, loop) or _dict_list_batches(facts, loop):
             continue
+        if _iterates_a_list_built_here(facts, loop):
+            continue  # batches the code sliced itself, not a loader's
         reported: set[str] = set()
         for call in facts.calls_in(loop):
             key = facts.key(call.func)
@@ -191,6 +193,24 @@ def batch_not_moved_to_device(facts: Facts) -> Iterator[Hit]:
                     f"`{argument.id}` comes from the data loader and is passed to `{key}`, which "
                     f"was moved to a device on line {moved[key].lineno}, without `.to(device)`",
                 )
+
+
+def _iterates_a_list_built_here(facts: Facts, loop: ast.AST) -> bool:
+    """The loop runs over a list the code built itself (a literal or a comprehension, also
+    passed in for a parameter by every call site: `calib = [(x[i:i + 2], y[i:i + 2]) ...]`),
+    not over a data loader whose batches come from the host."""
+    iterable = getattr(loop, "iter", None)
+    while (
+        isinstance(iterable, ast.Call)
+        and isinstance(iterable.func, ast.Name)
+        and iterable.func.id in ("enumerate", "tqdm", "iter")
+        and iterable.args
+    ):
+        iterable = iterable.args[0]
+    value = facts.binding_value(iterable) if isinstance(iterable, ast.Name) else iterable
+    if isinstance(value, ast.Name):
+        value = facts.binding_value(value)
+    return isinstance(value, (ast.List, ast.Tuple, ast.ListComp, ast.GeneratorExp))
 
 
 def _same_object_in_sight(
