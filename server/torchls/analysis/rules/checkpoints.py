@@ -1248,7 +1248,9 @@ def load_state_dict_not_strict_unchecked(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
     `model.load_state_dict(state, strict=False)` used as a statement, so the returned
-    missing and unexpected keys are thrown away. Not reported when the keys were filtered to
+    missing and unexpected keys are thrown away (a call on an object of a project class that
+    is no module and writes its own `load_state_dict`, a trainer, is that method's business
+    and not reported). Not reported when the keys were filtered to
     the model's own first (`{k: v for k, v in sd.items() if k in model.state_dict()}`, or
     by a lookup that raises on any other key: `if model.state_dict()[k].numel() ==
     v.numel()`), the

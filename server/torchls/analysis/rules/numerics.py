@@ -139,7 +139,8 @@ def batch_not_moved_to_device(facts: Facts) -> Iterator[Hit]:
     `DistributedDataParallel(..., device_ids=[gpu])`: their forward copies it to the device,
     nor one from a loader whose in-file `collate_fn` returns every tensor already moved, nor
     one from detectron2's `build_detection_*_loader` (a list of per-image dicts, which the
-    detection model moves itself).
+    detection model moves itself), nor batches from a list the code built itself (a literal
+    or a comprehension of slices: not a loader's host tensors).
 
     ## Why it is wrong
     On a GPU this fails at the first batch ("Expected all tensors to be on the same device"),
