@@ -177,7 +177,7 @@ def cuda_branch(facts: Facts, node: ast.AST) -> bool:
     """`node` only runs where CUDA is there: inside `if torch.cuda.is_available():` (or
     another CUDA-only test), in a branch whose other side loads with `map_location` (the
     author wrote the CPU case there; not the `else` of a CUDA test, which is the CPU case),
-    or after a statement of its own block that moved the model to CUDA
+    or in a branch with a statement that moves the model to CUDA
     (`if opt.gpu: net.cuda(); net.load_state_dict(torch.load(path))`)."""
     child: ast.AST = node
     current = facts.parents.get(node)
@@ -217,14 +217,11 @@ def cuda_branch(facts: Facts, node: ast.AST) -> bool:
 
 
 def _moved_to_cuda_before(facts: Facts, block: list[ast.stmt], statement: ast.AST) -> bool:
-    """A statement of `block` before `statement` moves a model to CUDA, unconditionally."""
-    for earlier in block:
-        if earlier is statement:
-            return False
-        if isinstance(earlier, ast.Expr) and isinstance(earlier.value, ast.Call):
-            if _moves_model_to_cuda(facts, earlier.value):
-                return True
-        if isinstance(earlier, ast.Assign) and isinstance(earlier.value, ast.Call):
-            if _moves_model_to_cuda(facts, earlier.value):
+    """A statement of `block` (the branch `statement` runs in) moves a model to CUDA, before
+    or after it: that branch cannot run without CUDA (`if opt.gpu: net.cuda(); net.load(...)`,
+    or the load first and `encoder.cuda()` right after)."""
+    for other in block:
+        if isinstance(other, (ast.Expr, ast.Assign)) and isinstance(other.value, ast.Call):
+            if _moves_model_to_cuda(facts, other.value):
                 return True
     return False

@@ -491,7 +491,8 @@ def load_without_map_location(facts: Facts) -> Iterator[Hit]:
     `torch.load(...)` without `map_location`, where it can matter: not when the script moves
     its model to CUDA unconditionally anyway (it cannot run on a CPU-only machine), not in a
     branch that only runs with CUDA (`if torch.cuda.is_available():`, a branch whose other
-    side loads with `map_location`, or one that moved the model to CUDA just before), not
+    side loads the same file with `map_location` to the CPU, or one that moves the model to
+    CUDA), not
     when the file was written by this script from CPU tensors, and not when the loaded object
     is only used as data (never restored into a model or optimizer, returned or passed on).
 
@@ -882,6 +883,21 @@ def _handed_back_to(
     )
 
 
+def _positioned_by_epoch(call: ast.Call) -> bool:
+    """A scheduler built with `last_epoch=<an expression>` (not the default -1): the code
+    restores its position from a saved epoch itself (`ExponentialLR(opt, g,
+    last_epoch=checkpoint["epoch"] - 1)` on resume), so the checkpoint need not hold its
+    state: one such construction in the file is enough."""
+    for keyword in call.keywords:
+        if keyword.arg == "last_epoch":
+            value = keyword.value
+            constant = value.value if isinstance(value, ast.Constant) else None
+            if isinstance(value, ast.UnaryOp) and isinstance(value.operand, ast.Constant):
+                constant = -value.operand.value if isinstance(value.op, ast.USub) else None
+            return constant != -1
+    return False
+
+
 def _stateless_sgd(facts: Facts, call: ast.Call, detail: str) -> bool:
     if detail != "SGD":
         return False
@@ -974,7 +990,11 @@ def checkpoint_missing_training_state(facts: Facts) -> Iterator[Hit]:
         needed = {
             "optimizer": any(not _stateless_sgd(facts, c, d) for c, d in local["optimizer"])
             or "optimizer" in held,
-            "scheduler": bool(local["scheduler"]) or "scheduler" in held,
+            "scheduler": (
+                bool(local["scheduler"])
+                and not any(_positioned_by_epoch(c) for c, _ in constructed["scheduler"])
+            )
+            or "scheduler" in held,
             "scaler": bool(local["scaler"]) or "scaler" in held,
         }
         values = _dict_values(facts, saved)

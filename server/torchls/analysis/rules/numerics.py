@@ -208,10 +208,16 @@ def _iterates_a_list_built_here(facts: Facts, loop: ast.AST) -> bool:
         and iterable.args
     ):
         iterable = iterable.args[0]
+    built = (ast.List, ast.Tuple, ast.ListComp, ast.GeneratorExp)
+    if isinstance(iterable, ast.Name):
+        arguments = facts.parameter_arguments(iterable)
+        if arguments:  # a parameter: what every call site passes
+            values = [facts.binding_value(a) if isinstance(a, ast.Name) else a for a in arguments]
+            return all(isinstance(value, built) for value in values)
     value = facts.binding_value(iterable) if isinstance(iterable, ast.Name) else iterable
     if isinstance(value, ast.Name):
         value = facts.binding_value(value)
-    return isinstance(value, (ast.List, ast.Tuple, ast.ListComp, ast.GeneratorExp))
+    return isinstance(value, built)
 
 
 def _same_object_in_sight(
