@@ -471,3 +471,59 @@ def test_a_parameter_only_other_files_fill_is_judged_by_what_they_pass(tmp_path:
     library.write_text(with_dropout)
     found = analyze(library.read_text(), str(library), workspace=Workspace(tmp_path))
     assert [f.code for f in found.findings if f.code == "TL203"] == ["TL203"]
+
+
+RANKING = """\
+def hit_rate(scorer, pairs, k):
+    hits = 0
+    for users, items in pairs:
+        scores = scorer(users, items)
+        hits += int(items[0] in items[scores.topk(k).indices])
+    return hits / max(len(pairs), 1)
+"""
+RANKING_SCRIPT = """\
+import torch
+import torch.nn as nn
+import ranking
+
+scorer = nn.Sequential(nn.Embedding(50, 8), nn.Dropout(0.2), nn.Flatten(), nn.Linear(16, 1))
+optimizer = torch.optim.Adam(scorer.parameters())
+for epoch in range(3):
+    scorer.train()
+    for users, labels in train_pairs:
+        optimizer.zero_grad()
+        nn.functional.binary_cross_entropy_with_logits(scorer(users), labels).backward()
+        optimizer.step()
+    scorer.eval()
+    print(ranking.hit_rate(scorer, test_pairs, 10))
+"""
+
+
+@pytest.mark.parametrize(
+    ("script", "expected"),
+    [
+        (RANKING_SCRIPT, ["TL202"]),
+        # the caller turns gradients off around the call: nothing is recorded
+        (
+            RANKING_SCRIPT.replace(
+                "    print(ranking.hit_rate(scorer, test_pairs, 10))",
+                "    with torch.no_grad():\n"
+                "        print(ranking.hit_rate(scorer, test_pairs, 10))",
+            ),
+            [],
+        ),
+        # the caller never calls eval(): the model's mode there is training, not TL202's case
+        (RANKING_SCRIPT.replace("    scorer.eval()\n", ""), []),
+    ],
+)
+def test_a_helper_run_by_other_files_on_a_model_in_eval_mode(
+    tmp_path: Path, script: str, expected: list[str]
+) -> None:
+    # hit_rate() never calls eval() and has no caller in its own file: the mode of what it
+    # runs is the one its callers in other files leave the model in.
+    (tmp_path / "ranking.py").write_text(RANKING)
+    (tmp_path / "main.py").write_text(script)
+    helper = tmp_path / "ranking.py"
+    found = analyze(RANKING, str(helper), workspace=Workspace(tmp_path))
+    assert [f.code for f in found.findings if f.code == "TL202"] == expected
+    assert [f.code for f in analyze(RANKING).findings if f.code == "TL202"] == []  # no project

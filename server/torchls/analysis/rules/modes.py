@@ -556,6 +556,12 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
     (a detector whose forward hands over to `self.inference(x)` when not training), nor a
     helper that only other project files call, each time under `torch.no_grad()` (found when
     the whole project is checked, and in the editor's pass that reads the project).
+    Two more shapes are reported: an epoch function shared by training and validation
+    (`run_epoch(loader, validating=True)` skips backward and step) called for validation
+    with the model in eval mode and gradients on, unless the function switches autograd by
+    that flag itself (`torch.set_grad_enabled(training)`); and a helper module's loop
+    (`metrics(model, loader)`) that only other project files call, each after putting the
+    model they pass in `eval()`, outside `no_grad`.
 
     ## Why it is wrong
     `eval()` only changes how layers behave; it does not stop autograd. Every forward pass
@@ -573,26 +579,174 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
     Wrap the loop in `with torch.no_grad():` (or decorate the function with
     `@torch.no_grad()`). The quick fix wraps the loop; it is unsafe because it re-indents code.
     """
+    analysis = modes_of(facts)
     for call, context, key, modes in _model_calls_in_eval(facts):
+        if not modes:
+            continue
+        if any(fact.mode != "eval" for fact in modes) and not (
+            all(fact.mode in ("unknown", "default") for fact in modes)
+            and _evaluated_by_callers_elsewhere(facts, call, key)
+        ):
+            continue
+        hit = _graph_built_for_nothing(facts, call, context, key)
+        if hit is not None:
+            yield hit
+    # A parameter nothing in this file shows to be a model (`scorer(users, items)` in a
+    # helper module): what other files pass for it, and the mode they leave it in, decide.
+    seen: set[tuple[int, str]] = set()
+    for function in facts.functions.values():
+        if facts.scope(function) is not facts.tree or facts.call_sites(function):
+            continue
+        params = {a.arg for a in [*function.args.posonlyargs, *function.args.args]}
+        for call in facts.calls_in(function):
+            if not isinstance(call.func, ast.Name) or call.func.id not in params:
+                continue  # only a parameter called itself: `scorer.rank(x)` may be anything
+            if call in analysis.at_call:
+                continue
+            key = call.func.id
+            context = evaluation_context(facts, call)
+            if context is None or (id(context), key) in seen:
+                continue
+            seen.add((id(context), key))
+            if _evaluated_by_callers_elsewhere(facts, call, key):
+                hit = _graph_built_for_nothing(facts, call, context, key)
+                if hit is not None:
+                    yield hit
+    yield from _flag_evaluations_with_grad(facts)
+
+
+def _graph_built_for_nothing(
+    facts: Facts, call: ast.Call, context: ast.AST, key: str
+) -> Hit | None:
+    """TL202's finding for a forward of `key` in eval mode in the evaluation loop `context`,
+    unless something there keeps autograd from recording (or needs it)."""
+    if facts.in_no_grad(call) or facts.under_unknown_decorator(call):
+        return None
+    if _needs_gradients(facts, context):
+        return None  # an attack or a saliency map: the loop asks autograd for gradients
+    if facts.parameters_frozen_before(key, context):
+        return None  # no parameter requires a gradient: the forward records no graph
+    if facts.forward_may_disable_grad(call):
+        return None  # the module turns gradients off itself when it is not training
+    function = facts.enclosing_function(context)
+    if function is not None and facts.callers_elsewhere_disable_grad(function):
+        return None  # every caller, in the project's other files, runs it under no_grad
+    return Hit(
+        call,
+        f"`{key}` runs in an evaluation loop with gradients enabled; wrap the loop in "
+        "`torch.no_grad()` or `torch.inference_mode()`",
+        _wrap_in_no_grad(facts, context),
+    )
+
+
+def _evaluated_by_callers_elsewhere(facts: Facts, call: ast.Call, key: str) -> bool:
+    """`key` (or the object it is an attribute of) is a parameter of a plain function that
+    no code in this file calls, and every call of that function in the project's other files
+    hands over a model it put in eval() there, outside `no_grad` (`model.eval()` then
+    `evaluate.metrics(model, loader)` in main.py): the loop here runs that model in eval mode.
+    Asked of a full view of the project only, like `callers_elsewhere_disable_grad`."""
+    function = facts.enclosing_function(call)
+    if function is None or facts.call_sites(function) or facts.scope(function) is not facts.tree:
+        return False
+    root = key.split(".")[0]
+    params = [a.arg for a in [*function.args.posonlyargs, *function.args.args]]
+    if root not in params or any(
+        a.stmt is not function for a in facts.assignments_of(root, function)
+    ):
+        return False  # not a parameter, or rebound inside: the caller's model may not run
+    workspace = facts.workspace
+    if workspace is None or not getattr(workspace, "complete", True):
+        return False
+    project = getattr(workspace, "workspace", workspace)
+    found = project.calls_elsewhere(facts, function)
+    if not found:
+        return False
+    for other, site in found:
+        told, argument = argument_at(site, function, root, False)
+        passed = other.key(argument) if told and argument is not None else None
+        if passed is None or other.in_no_grad(site) or other.under_unknown_decorator(site):
+            return False
+        if not other.is_kind(argument, "model"):
+            return False  # an agent or a wrapper with its own eval(): its calls may be anything
+        modes = modes_of(other).at_site.get(site, {}).get(passed)
         if not modes or any(fact.mode != "eval" for fact in modes):
+            return False
+        if other.parameters_frozen_before(passed, site):
+            return False
+    return True
+
+
+def _flag_evaluations_with_grad(facts: Facts) -> Iterator[Hit]:
+    """A loop shared by training and evaluation through a parameter (`run_epoch(...,
+    cross_valid=True)` skips backward and step): at a site that passes the evaluating
+    constant with the model in eval mode (or that makes the helper call `eval()` itself),
+    outside `no_grad`, every forward of that pass records a graph nobody uses. Not reported
+    when anything in the helper may switch gradients by the flag (`torch.set_grad_enabled(
+    train)`, a context manager chosen at run time) or the forward itself sits under a test
+    of the flag. No fix: the loop also trains, so no_grad belongs around the call site."""
+    analysis = modes_of(facts)
+    if not analysis.evaluating_entry:
+        return
+    reported: set[tuple[int, str]] = set()
+    for site, entry in sorted(analysis.evaluating_entry.items(), key=lambda i: i[0].lineno):
+        function = facts.called_function(site)
+        if function is None or facts.in_no_grad(site) or facts.under_unknown_decorator(site):
             continue
-        if facts.in_no_grad(call) or facts.under_unknown_decorator(call):
+        found = next((f for f in facts.evaluating_sites(function) if f[0] is site), None)
+        if found is None:
             continue
-        if _needs_gradients(facts, context):
-            continue  # an attack or a saliency map: the loop asks autograd for gradients
-        if facts.parameters_frozen_before(key, context):
-            continue  # no parameter requires a gradient: the forward records no graph
-        if facts.forward_may_disable_grad(call):
-            continue  # the module turns gradients off itself when it is not training
-        function = facts.enclosing_function(context)
-        if function is not None and facts.callers_elsewhere_disable_grad(function):
-            continue  # every caller, in the project's other files, runs it under no_grad
-        yield Hit(
-            call,
-            f"`{key}` runs in an evaluation loop with gradients enabled; wrap the loop in "
-            "`torch.no_grad()` or `torch.inference_mode()`",
-            _wrap_in_no_grad(facts, context),
-        )
+        _, param, argument = found
+        for call in facts.calls_in(function):
+            key = facts.key(call.func)
+            loops = facts.enclosing_loops(call)
+            if key is None or not loops or (id(function), key) in reported:
+                continue
+            modes = entry.get(key)
+            in_eval = bool(modes) and all(fact.mode == "eval" for fact in modes)
+            if not in_eval and not (
+                key in entry and _switched_to_eval_by_flag(facts, function, key, param, argument)
+            ):
+                continue
+            if _grad_may_follow_flag(facts, function, call, param):
+                continue
+            if facts.in_no_grad(call) or _needs_gradients(facts, loops[-1]):
+                continue
+            if facts.parameters_frozen_before(key, loops[-1]) or facts.forward_may_disable_grad(
+                call
+            ):
+                continue
+            reported.add((id(function), key))
+            yield Hit(
+                call,
+                f"`{key}` is in eval mode but gradients are on when the call on line "
+                f"{site.lineno} (`{param}={facts.source.segment(argument)}`) runs this loop as "
+                "evaluation; wrap that call in `torch.no_grad()`",
+                None,
+            )
+
+
+def _grad_may_follow_flag(facts: Facts, function: FunctionNode, call: ast.Call, param: str) -> bool:
+    """Between `call` and its function: a `with` that may turn gradients off at run time
+    (`torch.set_grad_enabled(train)`, `torch.no_grad() if not train else nullcontext()`,
+    a context manager held in a name), or an `if` testing `param` (the pass that evaluates
+    may take another branch)."""
+    child: ast.AST = call
+    current = facts.parents.get(call)
+    while current is not None and current is not function:
+        if isinstance(current, (ast.With, ast.AsyncWith)):
+            for item in current.items:
+                context = item.context_expr
+                if not isinstance(context, ast.Call):
+                    return True  # `with ctx:` or a conditional expression: may be no_grad
+                qualname = facts.call_qualname(context) or ""
+                if "grad" in qualname or "inference_mode" in qualname:
+                    return True
+        if isinstance(current, ast.If):
+            guard = guard_of(facts, function, current.test, child in current.body)
+            if guard is not None and guard[0] == param:
+                return True
+        child, current = current, facts.parents.get(current)
+    return False
 
 
 def _needs_gradients(facts: Facts, loop: ast.AST) -> bool:
