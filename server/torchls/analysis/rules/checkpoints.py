@@ -146,6 +146,152 @@ def _stateful_object(facts: Facts, value: ast.expr, depth: int = 0) -> str | Non
     return None
 
 
+# NumPy functions whose result is a NumPy scalar or array (never a Python number): saved in a
+# checkpoint, it needs numpy's own classes to unpickle, which weights_only loading refuses.
+_NUMPY_PRODUCERS = frozenset(
+    {
+        "mean",
+        "nanmean",
+        "average",
+        "median",
+        "nanmedian",
+        "sum",
+        "nansum",
+        "prod",
+        "std",
+        "nanstd",
+        "var",
+        "nanvar",
+        "max",
+        "min",
+        "nanmax",
+        "nanmin",
+        "amax",
+        "amin",
+        "argmax",
+        "argmin",
+        "percentile",
+        "quantile",
+        "array",
+        "asarray",
+        "zeros",
+        "ones",
+        "full",
+        "arange",
+        "linspace",
+        "concatenate",
+        "stack",
+        "vstack",
+        "hstack",
+        "float64",
+        "float32",
+        "int64",
+        "int32",
+        "sqrt",
+        "exp",
+        "log",
+        "round",
+        "around",
+        "dot",
+        "trace",
+        "cumsum",
+    }
+)
+# Methods of a NumPy array that still return NumPy values.
+_ARRAY_REDUCTIONS = frozenset(
+    {
+        "mean",
+        "sum",
+        "max",
+        "min",
+        "std",
+        "var",
+        "prod",
+        "argmax",
+        "argmin",
+        "round",
+        "copy",
+        "astype",
+        "reshape",
+        "flatten",
+    }
+)
+
+
+def _numpy_value(facts: Facts, value: ast.expr, depth: int = 0) -> ast.Call | None:
+    """The NumPy call `value` comes from, when every place it may come from is one
+    (`best = np.mean(scores)`, `acc = evaluate()` whose every return is one, `max(acc, best)`
+    of such values and numeric constants) and at least one is: a NumPy scalar or array, not
+    a Python number. `float(x)`, `x.item()` and `x.tolist()` are Python values and stop it."""
+    if depth > 3:
+        return None
+    origins = facts.origins(value)
+    if not origins or any(o.facts is not None for o in origins):
+        return None
+    found: ast.Call | None = None
+    for origin in origins:
+        node = origin.node
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            continue  # the initial `best = 0` the NumPy value replaces
+        produced = _numpy_call(facts, node, depth) if isinstance(node, ast.Call) else None
+        if produced is None:
+            return None
+        found = found or produced
+    return found
+
+
+def _numpy_call(facts: Facts, call: ast.Call, depth: int) -> ast.Call | None:
+    qualname = facts.call_qualname(call) or ""
+    head, _, last = qualname.rpartition(".")
+    if head == "numpy" and last in _NUMPY_PRODUCERS:
+        return call
+    method = facts.method_name(call)
+    receiver = facts.receiver(call)
+    if method in _ARRAY_REDUCTIONS and receiver is not None and isinstance(receiver, ast.expr):
+        return _numpy_value(facts, receiver, depth + 1)  # `np.array(losses).mean()`
+    if isinstance(call.func, ast.Name) and call.func.id in ("max", "min"):
+        if call.func.id in facts.functions or call.func.id in facts.imports:
+            return None
+        arguments = [a for a in call.args if not isinstance(a, ast.Starred)]
+        if len(arguments) < 2 or len(arguments) != len(call.args) or call.keywords:
+            return None  # `max(values)` of an iterable: its elements are out of sight
+        found = None
+        for argument in arguments:
+            if isinstance(argument, ast.Constant) and isinstance(argument.value, (int, float)):
+                continue
+            produced = _numpy_value(facts, argument, depth + 1)
+            if produced is None:
+                return None
+            found = found or produced
+        return found
+    function = facts.called_function(call)
+    if function is not None and facts.scope(function) is facts.tree:
+        returned = [
+            r.value
+            for r in facts.walk_local(function)
+            if isinstance(r, ast.Return) and r.value is not None
+        ]
+        found = None
+        for expression in returned:
+            produced = _numpy_value(facts, expression, depth + 1)
+            if produced is None:
+                return None
+            found = found or produced
+        return found
+    return None
+
+
+def _numpy_allow_listed(facts: Facts) -> bool:
+    """The file allow-lists NumPy's classes for weights_only loading itself."""
+    for call in facts.calls:
+        qualname = facts.call_qualname(call) or ""
+        if qualname.endswith(("add_safe_globals", "safe_globals")) and call.args:
+            text = facts.source.segment(call.args[0])
+            if "np." in text or "numpy" in text or "scalar" in text:
+                return True
+    return False
+
+
 def _parameter_config(facts: Facts, name: ast.Name, depth: int) -> tuple[str, str] | None:
     annotation = facts.parameter_annotation(name)
     if annotation is not None:
@@ -250,7 +396,9 @@ def checkpoint_config_not_plain_data(facts: Facts) -> Iterator[Hit]:
     back (`opt = parse_option()` returning `parser.parse_args()`), and a save wrapper
     (`save_on_master(obj, path)`,
     `utils.save_checkpoint(state, ...)`, also in another project file) saves the dict its
-    call site passes.
+    call site passes. A NumPy value is reported too (a metric kept as `np.nanmean(...)`
+    returned it, `np.array(losses).mean()`, a best score `max()` took from such values):
+    `float(x)`, `x.item()` and `x.tolist()` make it a Python value and are not reported.
 
     ## Why it is wrong
     Since PyTorch 2.6, `torch.load` defaults to `weights_only=True`, which only unpickles
@@ -267,7 +415,8 @@ def checkpoint_config_not_plain_data(facts: Facts) -> Iterator[Hit]:
 
     ## Fix
     Store plain data: `vars(args)` for a Namespace, `dataclasses.asdict(cfg)` for a dataclass,
-    `net.state_dict()` for a model (and `load_state_dict` it into a new instance on load).
+    `net.state_dict()` for a model (and `load_state_dict` it into a new instance on load),
+    `float(x)` or `x.tolist()` for a NumPy value.
     """
     unsafe_loading = _loads_unsafely(facts)
     saved = [v for c in facts.calls_to(*SAVE) if c.args for v in _dict_values(facts, c.args[0])]
@@ -280,6 +429,18 @@ def checkpoint_config_not_plain_data(facts: Facts) -> Iterator[Hit]:
             continue
         seen.add(value)
         found = _config_object(facts, value)
+        produced = None if found is not None or unsafe_loading else _numpy_value(facts, value)
+        if produced is not None and not _numpy_allow_listed(facts):
+            text = facts.source.segment(value)
+            yield Hit(
+                value,
+                f"checkpoint stores `{text}`, a NumPy value (from `"
+                f"{facts.source.segment(produced.func)}(...)` on line {produced.lineno}), which "
+                "`torch.load(weights_only=True)` (the default since PyTorch 2.6) refuses to "
+                f"load; store `float({text})` or `{text}.tolist()`",
+                None,
+            )
+            continue
         if found is None:
             if value in whole:
                 continue
