@@ -197,6 +197,14 @@ class ValueQueries:
     ) -> list[Origin]:
         if isinstance(value, ast.Call):
             returns = self._forward_returns_of_call(value, depth)
+            if returns is None and depth < MAX_DEPTH:
+                # `opts, ds_init = get_args()` of a plain function: when every return hands
+                # back a tuple long enough, the element comes from the same position of each.
+                plain = self.function_returns(value)
+                if plain and all(
+                    isinstance(r, ast.Tuple) and index < len(r.elts) for _, r in plain
+                ):
+                    returns = plain
             if returns is not None:
                 out = []
                 for owner, returned in returns:

@@ -393,7 +393,8 @@ def checkpoint_config_not_plain_data(facts: Facts) -> Iterator[Hit]:
     `weights_only=False`, which shows the author chose to unpickle). Helpers count: a
     parameter is what every call site passes for it, or what its annotation says
     (`cfg: TrainConfig`), a value an in-file helper returns is what all its returns hand
-    back (`opt = parse_option()` returning `parser.parse_args()`), and a save wrapper
+    back (`opt = parse_option()` returning `parser.parse_args()`, or the same element of
+    the tuples they return: `opts, ds_init = get_args()`), and a save wrapper
     (`save_on_master(obj, path)`,
     `utils.save_checkpoint(state, ...)`, also in another project file) saves the dict its
     call site passes. A NumPy value is reported too (a metric kept as `np.nanmean(...)`
