@@ -1189,7 +1189,8 @@ def saving_whole_module(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
     `torch.save(model, path)` where `model` is an `nn.Module`: built from a module class in
-    sight, or a parameter annotated as one. A name alone (`model_state = model.state_dict()`)
+    sight, or a parameter annotated as one; also the network a parallel wrapper holds
+    (`torch.save(net.module, path)`). A name alone (`model_state = model.state_dict()`)
     decides nothing.
 
     ## Why it is wrong
@@ -1212,6 +1213,10 @@ def saving_whole_module(facts: Facts) -> Iterator[Hit]:
             continue
         target = call.args[0]
         kind = facts.kind_of(target)
+        if (kind is None or kind.by_name) and (
+            isinstance(target, ast.Attribute) and target.attr == "module"
+        ):
+            kind = facts.kind_of(target.value)  # `net.module` of a DataParallel-wrapped net
         if kind is None or kind.kind != "model" or kind.by_name:
             continue  # a name like `model_state` says nothing about what is saved
         text = facts.source.segment(target)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from torchls.analysis.facts import Facts, FunctionNode
 from torchls.analysis.findings import Fix
+from torchls.analysis.queries.vocabulary import _unwrap_iterable
 from torchls.analysis.ranks import COLLECTIVE_QUALNAMES, identifier, mentions_rank
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._edits import delete_statement_line, insert_line_before
@@ -495,7 +496,8 @@ def _loaders_reached_through_values(facts: Facts, reported: set[ast.Call]) -> It
     for loop, role in facts.batch_loops.items():
         if role == "eval" or not isinstance(loop, (ast.For, ast.AsyncFor)):
             continue
-        iterable = loop.iter
+        # `enumerate(loader)`, `tqdm(loader)`: the loader is what they wrap.
+        iterable = _unwrap_iterable(loop.iter) or loop.iter
         built = _constructed_loader(facts, iterable)
         if built is None:
             continue
