@@ -101,6 +101,10 @@ class ModeAnalysis:
     # Call sites that run a helper's loop as evaluation (`run_epoch(..., train=False)`) ->
     # the helper's entry state from that site, in the helper's own names.
     evaluating_entry: dict[ast.Call, State] = field(default_factory=dict)
+    # Every call of an in-file helper -> the helper's entry state from that site, in the
+    # helper's own names (`self._forward_pass(x, y)` in a validation loop: the mode
+    # `self.model` is in when the helper runs it from there).
+    site_entry: dict[ast.Call, State] = field(default_factory=dict)
     # Statements that build a model somewhere inside (a fresh module starts in train mode).
     _builds_model: set[ast.AST] = field(default_factory=set)
     # Whether this file's functions put the models they are given in eval() themselves.
@@ -145,6 +149,7 @@ class ModeAnalysis:
             for call in facts.calls_in(function):
                 self.at_call.pop(call, None)
                 self.at_site.pop(call, None)
+                self.site_entry.pop(call, None)
             self._interpret(function.body, entry)
 
     def _leaves(self, loop: ast.For | ast.AsyncFor) -> bool:
@@ -563,6 +568,9 @@ class ModeAnalysis:
                 "." not in key and key not in mapping and key not in own
             ):
                 entry.setdefault(key, facts_)
+        if not self._effect_stack:  # not while a helper's effect is being worked out
+            before_site = self.site_entry.get(call)
+            self.site_entry[call] = _union(before_site, entry) if before_site else entry
         if any(site is call for site, _, _ in self.facts.evaluating_sites(function)):
             # `run_epoch(..., train=False)`: this call runs the helper's loop as evaluation;
             # its state is kept apart, so it never counts as the mode training runs in.
@@ -1045,6 +1053,13 @@ def _relevant_functions(facts: Facts) -> list[FunctionNode]:
         for function in functions
         if function in looping or any(_is_mode_call(call) for call in facts.calls_in(function))
     }
+    # A helper a loop calls (`output, loss = self._forward_pass(x, y)`) runs its forwards
+    # in that loop: the mode they see there is the loop's.
+    for loop in facts.loops:
+        for call in facts.calls_in(loop):
+            called = facts.called_function(call)
+            if called is not None:
+                relevant.add(called)
     changed = True
     while changed:
         changed = False

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from torchls.analysis.facts import EVAL_FUNCTION_RE, Facts, FunctionNode
 from torchls.analysis.findings import Fix
 from torchls.analysis.layers import built_mode_sensitive, mode_sensitive, runs_no_module
-from torchls.analysis.modes import ModeAnalysis, analyse_modes, built_in_eval_mode
+from torchls.analysis.modes import ModeAnalysis, _is_mode_call, analyse_modes, built_in_eval_mode
 from torchls.analysis.queries.flow import guard_holds, guard_of
 from torchls.analysis.queries.tensors import detached_value
 from torchls.analysis.queries.vocabulary import argument_at
@@ -189,6 +189,38 @@ def _model_calls_in_eval(facts: Facts) -> Iterator[tuple[ast.Call, ast.AST, str,
         yield call, context, key, modes
 
 
+def _helper_forwards_in_evaluation(
+    facts: Facts,
+) -> Iterator[tuple[ast.Call, ast.AST, FunctionNode, ast.Call, str, frozenset]]:
+    """(site, loop, helper, forward, key, modes): an evaluation loop runs a model through an
+    in-file helper shared with training (`output, loss = self._forward_pass(x, y)`, whose
+    body calls `self.model(x)`), with the modes the model is in when that site calls it. The
+    helper itself switches no mode and trains nothing, and its forward sits in no loop of
+    its own (a helper looping over a loader is judged as an evaluation loop by itself)."""
+    analysis = modes_of(facts)
+    seen: set[tuple[int, str]] = set()
+    for site, entry in sorted(analysis.site_entry.items(), key=lambda i: i[0].lineno):
+        if not entry:
+            continue
+        function = facts.called_function(site)
+        if function is None or facts.function_reaches(function, _is_mode_call):
+            continue
+        context = evaluation_context(facts, site)
+        if context is None or _function_trains(facts, function):
+            continue
+        for call in facts.calls_in(function):
+            modes = analysis.at_call.get(call)
+            key = facts.key(call.func)
+            if modes is None or key is None or key not in entry:
+                continue
+            if any(facts.is_inside(loop, function) for loop in facts.enclosing_loops(call)):
+                continue
+            if (id(context), key) in seen:
+                continue
+            seen.add((id(context), key))
+            yield site, context, function, call, key, entry[key]
+
+
 def _put_in_train_for_this_loop(facts: Facts, context: ast.AST, modes: frozenset) -> bool:
     """Every mode reaching the loop comes from an explicit `train()` that precedes the loop
     (or the `with` block around it) in the same block, with no training in between: the
@@ -310,7 +342,10 @@ def eval_without_eval_mode(facts: Facts) -> Iterator[Hit]:
     call `eval()` before returning it), or a project module whose constructor puts the
     networks it holds in eval (a frozen feature extractor). A wrapper run after the network
     it wraps was put in eval (`evaluate(sampler, net)`: `net.eval()`, then `sampler(x)`, where
-    every caller built the sampler on that network) is not reported either.
+    every caller built the sampler on that network) is not reported either. A forward the
+    evaluation loop runs through an in-file helper it shares with training (`output, loss =
+    self._forward_pass(x, y)`, whose body calls `self.model(x)`) is judged by the mode the
+    model is in at that call and reported there.
 
     ## Why it is wrong
     In training mode dropout keeps dropping units and batch-norm normalises with the current
@@ -378,6 +413,20 @@ def eval_without_eval_mode(facts: Facts) -> Iterator[Hit]:
             fix,
         )
     yield from _flag_evaluations(facts)
+    for site, context, function, call, key, modes in _helper_forwards_in_evaluation(facts):
+        if any(fact.mode not in ("train", "default") for fact in modes):
+            continue
+        if _mode_free(facts, call, modes) or _torch_layer_without_mode(facts, call, modes):
+            continue  # nothing eval() could change in what the helper runs
+        if _function_module(facts, modes) or _put_in_train_for_this_loop(facts, context, modes):
+            continue
+        yield Hit(
+            site,
+            f"`{function.name}` runs `{key}` (line {call.lineno}) for this evaluation loop while "
+            f"it is in training mode; call `eval()` on it before the loop "
+            f"({_why_mode_matters(facts, call)})",
+            None,
+        )
 
 
 def _mode_free(facts: Facts, call: ast.Call, modes: frozenset) -> bool:
@@ -561,7 +610,9 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
     with the model in eval mode and gradients on, unless the function switches autograd by
     that flag itself (`torch.set_grad_enabled(training)`); and a helper module's loop
     (`metrics(model, loader)`) that only other project files call, each after putting the
-    model they pass in `eval()`, outside `no_grad`.
+    model they pass in `eval()`, outside `no_grad`. A forward the evaluation loop runs through
+    an in-file helper shared with training (`self._forward_pass(x, y)`) is reported at that
+    call, unless the helper turns gradients off itself.
 
     ## Why it is wrong
     `eval()` only changes how layers behave; it does not stop autograd. Every forward pass
@@ -613,6 +664,25 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
                 if hit is not None:
                     yield hit
     yield from _flag_evaluations_with_grad(facts)
+    for site, context, function, call, key, modes in _helper_forwards_in_evaluation(facts):
+        if not modes or any(fact.mode != "eval" for fact in modes):
+            continue
+        if facts.in_no_grad(site) or facts.under_unknown_decorator(site):
+            continue
+        if facts.grad_disabling_decorator(function) or _grad_may_follow_flag(
+            facts, function, call, ""
+        ):
+            continue  # the helper turns gradients off (or may) around its forward
+        if _needs_gradients(facts, context) or _needs_gradients(facts, function):
+            continue
+        if facts.parameters_frozen_before(key, context) or facts.forward_may_disable_grad(call):
+            continue
+        yield Hit(
+            site,
+            f"`{function.name}` runs `{key}` (line {call.lineno}) for this evaluation loop with "
+            "gradients enabled; wrap the loop in `torch.no_grad()` or `torch.inference_mode()`",
+            _wrap_in_no_grad(facts, context),
+        )
 
 
 def _graph_built_for_nothing(
