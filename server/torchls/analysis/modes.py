@@ -93,6 +93,9 @@ class ModeAnalysis:
     # Calls relevant only because they hand such a receiver over: nothing else is asked.
     _passing_only: set[ast.Call] = field(default_factory=set)
     _loop_depth: int = 0
+    # Loop targets standing for several objects while their loop body is interpreted:
+    # `for net in (encoder, decoder): net.eval()` switches both.
+    _aliases: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # Statements with a relevant call somewhere inside (their own function only); None until
     # the first question, then filled by one pass over the file's calls.
     _live: set[ast.AST] | None = None
@@ -268,6 +271,9 @@ class ModeAnalysis:
             header = stmt.iter if isinstance(stmt, (ast.For, ast.AsyncFor)) else stmt.test
             state = self._expression(header, state)
             self._loop_depth += 1
+            aliased = self._loop_alias(stmt)
+            if aliased is not None:
+                self._aliases[aliased[0]] = aliased[1]
             # A `for` loop over data runs its body at least once in any run that matters; the
             # state before it only survives the loop when the body can leave early.
             try:
@@ -290,6 +296,8 @@ class ModeAnalysis:
                     exit_state = _union(after_first if runs_once else state, after_second)
             finally:
                 self._loop_depth -= 1
+                if aliased is not None:
+                    self._aliases.pop(aliased[0], None)
             return self._interpret(stmt.orelse, exit_state) if stmt.orelse else exit_state
         if isinstance(stmt, (ast.With, ast.AsyncWith)):
             for item in stmt.items:
@@ -325,6 +333,28 @@ class ModeAnalysis:
             if key is not None and isinstance(stmt.value, ast.Call):
                 state = self._bind(key, stmt.value, state)
         return state
+
+    def _loop_alias(self, stmt: ast.stmt) -> tuple[str, tuple[str, ...]] | None:
+        """(target, keys) for `for net in (encoder, decoder):` (a literal list or tuple, or a
+        name bound to one) or `for net in models:` over a parameter of the function (the
+        parameter's own key, which a call site passing a literal list spreads over its
+        elements)."""
+        if not isinstance(stmt, (ast.For, ast.AsyncFor)) or not isinstance(stmt.target, ast.Name):
+            return None
+        facts = self.facts
+        source: ast.AST | None = stmt.iter
+        if isinstance(source, ast.Name):
+            bound = facts.binding_value(source)
+            if isinstance(bound, (ast.List, ast.Tuple)):
+                source = bound
+            elif facts.parameter_of(source) is not None:
+                return stmt.target.id, (source.id,)
+        if not isinstance(source, (ast.List, ast.Tuple)) or not source.elts:
+            return None
+        keys = tuple(facts.key(element) for element in source.elts)
+        if any(key is None for key in keys):
+            return None
+        return stmt.target.id, keys  # type: ignore[return-value]
 
     def _bind(self, key: str, value: ast.Call, state: State) -> State:
         """`key = value`: a module built here starts in training mode (or in the mode a chained
@@ -467,7 +497,10 @@ class ModeAnalysis:
                 if not isinstance(flag, ast.Constant) or not isinstance(flag.value, bool):
                     return {**state, receiver_key: UNKNOWN}
                 mode = "train" if flag.value else "eval"
-            return {**state, receiver_key: frozenset({ModeFact(mode, call)})}
+            switched = frozenset({ModeFact(mode, call)})
+            if receiver_key in self._aliases:
+                return {**state, **{key: switched for key in self._aliases[receiver_key]}}
+            return {**state, receiver_key: switched}
         if function is not None and _own_helper_method(call, function):
             # `self.train_one_epoch(loader)`: a method of the module's own class, not a
             # submodule it runs; what the method runs is judged inside it.
@@ -584,7 +617,15 @@ class ModeAnalysis:
             return state
         reverse = {param: key for key, param in mapping.items()}
         updated = dict(state)
+        spread = _listed_arguments(self.facts, call, function)
+        for callee_key, facts_ in list(effect.items()):
+            for element in spread.get(callee_key, ()):
+                # `set_mode("eval", [encoder, decoder])`: what the helper does to each
+                # element of its list parameter, it does to each object listed here.
+                effect = {**effect, element: facts_}
         for callee_key, facts_ in effect.items():
+            if callee_key in spread:
+                continue
             caller_key = _rebase(callee_key, reverse) or callee_key
             # Attribute the change to the call site, so findings point at the helper call.
             changed = frozenset(
@@ -692,6 +733,23 @@ def _constant_arguments(call: ast.Call, function: FunctionNode) -> dict[str, obj
         if keyword.arg and isinstance(keyword.value, ast.Constant):
             bound[keyword.arg] = keyword.value.value
     return bound
+
+
+def _listed_arguments(facts: Facts, call: ast.Call, function: FunctionNode) -> dict[str, list[str]]:
+    """Parameter -> the keys of the objects `call` passes for it in a literal list or tuple
+    (`[encoder, decoder]`), when every element has one."""
+    params = [a.arg for a in [*function.args.posonlyargs, *function.args.args]]
+    if params and params[0] == "self" and isinstance(call.func, ast.Attribute):
+        params = params[1:]
+    positional = zip(params, call.args, strict=False)
+    passed = [*positional, *((k.arg, k.value) for k in call.keywords if k.arg)]
+    found: dict[str, list[str]] = {}
+    for param, argument in passed:
+        if isinstance(argument, (ast.List, ast.Tuple)) and argument.elts:
+            keys = [facts.key(element) for element in argument.elts]
+            if all(keys):
+                found[param] = keys  # type: ignore[assignment]
+    return found
 
 
 def _own_helper_method(call: ast.Call, function: FunctionNode) -> bool:

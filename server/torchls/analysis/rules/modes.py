@@ -924,7 +924,9 @@ def train_mode_not_restored(facts: Facts) -> Iterator[Hit]:
     through an object such as `ctx.model`, or in a method of an object that holds the trainer,
     `self.hook = Hook(self)` switching `self.trainer.model`) runs inside the epoch loop, while
     `model.train()` is called only before the loop: from the second epoch on, the model trains
-    in eval mode. A validation every N batches from inside the batch loop is reported the same
+    in eval mode. Models switched together count one by one: a loop over them
+    (`for net in (encoder, decoder): net.eval()`) or a helper given a list of them
+    (`set_mode("eval", [encoder, decoder])`) switches each listed model. A validation every N batches from inside the batch loop is reported the same
     way, also when the training forward runs in a loss helper given the model
     (`loss = loss_fn(model, x)` ... `loss.backward()`). Models the
     loop does not train (a frozen teacher no optimizer there steps, or only run under
@@ -958,7 +960,7 @@ def train_mode_not_restored(facts: Facts) -> Iterator[Hit]:
     Call `model.train()` at the start of each epoch's training loop. The quick fix inserts it
     before the training loop; it is unsafe because it changes results.
     """
-    reported: set[int] = set()
+    reported: set[tuple[int, str]] = set()
     for call, model, modes, loops in _uses_in_training_loops(facts):
         if not any(fact.mode == "eval" for fact in modes):
             continue
@@ -978,7 +980,10 @@ def train_mode_not_restored(facts: Facts) -> Iterator[Hit]:
             if not leaks and (not fact.back_edge or fact.setter in direct):
                 continue
             setter = fact.setter
-            if setter is None or id(setter) in reported:
+            key = facts.key(model) or "model"
+            # One finding per model a setter leaves in eval: `for net in (enc, dec): net.eval()`
+            # leaves both.
+            if setter is None or (id(setter), key) in reported:
                 continue
             if _skipped_by_same_test(facts, setter, call):
                 continue  # `if test: model.eval()` ... `if test: break` before training
@@ -988,8 +993,7 @@ def train_mode_not_restored(facts: Facts) -> Iterator[Hit]:
                 continue  # `if phase == "train": ... else: model.eval()`: that path never trains
             if _mode_chosen_by_branch(facts, setter):
                 continue  # `if finetune: model.train() else: model.eval()`: eval on purpose
-            reported.add(id(setter))
-            key = facts.key(model) or "model"
+            reported.add((id(setter), key))
             # At the top of the training loop's body: before the loop is not enough when the
             # loop itself is the epoch loop (full-batch training).
             first = loops[0].body[0]  # type: ignore[attr-defined]
