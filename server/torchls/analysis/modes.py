@@ -479,14 +479,17 @@ class ModeAnalysis:
             self._note_site(call, state)
             return state
         method, receiver_key, called_key, is_model, function = self._describe(call)
-        if method in ("train", "eval") and receiver_key is not None and not call.keywords:
+        # `model.train(mode=False)` is `model.train(False)`.
+        flags = [k.value for k in call.keywords if k.arg == "mode"]
+        plain = not call.keywords or (method == "train" and len(call.keywords) == len(flags) == 1)
+        if method in ("train", "eval") and receiver_key is not None and plain:
             mode = "train"
             if method == "eval" and not call.args:
                 mode = "eval"
             elif method == "eval":
                 return state
-            elif call.args:
-                flag = call.args[0]
+            elif call.args or flags:
+                flag = call.args[0] if call.args else flags[0]
                 saved = (
                     self._saved.get((self.facts.scope(call), flag.id))
                     if isinstance(flag, ast.Name)

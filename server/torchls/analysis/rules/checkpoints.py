@@ -1045,6 +1045,20 @@ def _handed_back_to(
     )
 
 
+def _stepped_at_epoch(facts: Facts, construction: ast.Call) -> bool:
+    """Every `step()` of the scheduler built by `construction` names the epoch itself
+    (`scheduler.step(epoch)`): its rate is a function of that number, which the checkpoint's
+    epoch restores. Not a `ReduceLROnPlateau`, whose `step(metric)` feeds state it keeps."""
+    if (facts.call_qualname(construction) or "").endswith("ReduceLROnPlateau"):
+        return False
+    statement = facts.parents.get(construction)
+    if not isinstance(statement, ast.Assign) or len(statement.targets) != 1:
+        return False
+    key = facts.key(statement.targets[0])
+    steps = [c for c in facts.method_calls("step") if facts.key(facts.receiver(c)) == key]
+    return bool(steps) and all(c.args and not c.keywords for c in steps)
+
+
 def _positioned_by_epoch(call: ast.Call) -> bool:
     """A scheduler built with `last_epoch=<an expression>` (not the default -1): the code
     restores its position from a saved epoch itself (`ExponentialLR(opt, g,
@@ -1103,7 +1117,9 @@ def checkpoint_missing_training_state(facts: Facts) -> Iterator[Hit]:
     `state_dict()` but not the optimizer's — nor the scheduler's or the GradScaler's when the
     script has them. Plain SGD without momentum keeps no state and is not reported for the
     optimizer, and neither is one export written once after the training loop has ended,
-    nor an object rebuilt on every pass of the loop the save sits in (a fresh optimizer per
+    nor a scheduler every `step()` of which names the epoch (`scheduler.step(epoch)`: the
+    saved epoch restores its rate), nor an object rebuilt on every pass of the loop the save
+    sits in (a fresh optimizer per
     epoch), whose state never outlives the pass. Objects count where the save can see them:
     built in its function or at module level, handed back by an in-file function or method
     (`optimizer = model.configure_optimizers(lr)`), or, for a save in a trainer class's
@@ -1155,6 +1171,7 @@ def checkpoint_missing_training_state(facts: Facts) -> Iterator[Hit]:
             "scheduler": (
                 bool(local["scheduler"])
                 and not any(_positioned_by_epoch(c) for c, _ in constructed["scheduler"])
+                and not all(_stepped_at_epoch(facts, c) for c, _ in local["scheduler"])
             )
             or "scheduler" in held,
             "scaler": bool(local["scaler"]) or "scaler" in held,
@@ -1405,6 +1422,41 @@ def _before_on_path(facts: Facts, earlier: ast.stmt, later: ast.AST) -> bool:
     return False
 
 
+def _after_reported_strict_failure(facts: Facts, call: ast.Call) -> bool:
+    """`call` is the fallback in the `except` of a strict `load_state_dict` into the same
+    module, and the handler hands the caught error on (prints or logs it): that error's
+    message lists every missing, unexpected and mis-shaped key."""
+    key = facts.key(facts.receiver(call))
+    current = facts.parents.get(call)
+    while current is not None and not isinstance(current, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if isinstance(current, ast.ExceptHandler) and current.name:
+            attempt = facts.parents.get(current)
+            used = any(
+                isinstance(node, ast.Name) and node.id == current.name
+                for statement in current.body
+                for node in ast.walk(statement)
+            )
+            if used and isinstance(attempt, ast.Try):
+                for statement in attempt.body:
+                    for node in ast.walk(statement):
+                        if (
+                            isinstance(node, ast.Call)
+                            and facts.method_name(node) == "load_state_dict"
+                            and facts.key(facts.receiver(node)) == key
+                            and not _loads_loosely(node)
+                        ):
+                            return True
+        current = facts.parents.get(current)
+    return False
+
+
+def _loads_loosely(call: ast.Call) -> bool:
+    keyword = _keyword(call, "strict")
+    return keyword is not None and not (
+        isinstance(keyword.value, ast.Constant) and keyword.value.value is True
+    )
+
+
 def _own_load_state_dict(facts: Facts, call: ast.Call) -> bool:
     """The receiver is an object of a project class that is no module and writes its own
     `load_state_dict` (a trainer restoring its parts): what `strict` means there, and what it
@@ -1448,8 +1500,10 @@ def load_state_dict_not_strict_unchecked(facts: Facts) -> Iterator[Hit]:
     (`sd.pop("fc.weight")`),
     the weights come from a live module's `state_dict()` or from a dict written out with
     the names of the entries it sets (`{"log_alpha": values}`, never added to), each loop
-    iteration loads one shard, an `assert` checks the result right after, or a comment on
-    the call explains the mismatch.
+    iteration loads one shard, an `assert` checks the result right after, a comment on
+    the call explains the mismatch, or the call is the fallback in the `except` of a strict
+    load into the same module whose error the handler prints or logs (that message lists
+    every mismatched key).
 
     ## Why it is wrong
     `strict=False` turns every key mismatch into silence. A renamed layer, a `module.` prefix
@@ -1485,6 +1539,8 @@ def load_state_dict_not_strict_unchecked(facts: Facts) -> Iterator[Hit]:
             continue
         if _checked_against_model_before(facts, call) or _split_load(facts, call, statement):
             continue
+        if _after_reported_strict_failure(facts, call):
+            continue  # the strict load's error, printed, already names every mismatched key
         if state is not None and _prepared_or_acknowledged(facts, call, statement, state):
             continue
         yield Hit(

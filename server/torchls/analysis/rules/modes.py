@@ -926,9 +926,10 @@ def train_mode_not_restored(facts: Facts) -> Iterator[Hit]:
     `model.train()` is called only before the loop: from the second epoch on, the model trains
     in eval mode. Models switched together count one by one: a loop over them
     (`for net in (encoder, decoder): net.eval()`) or a helper given a list of them
-    (`set_mode("eval", [encoder, decoder])`) switches each listed model. A validation every N batches from inside the batch loop is reported the same
-    way, also when the training forward runs in a loss helper given the model
-    (`loss = loss_fn(model, x)` ... `loss.backward()`). Models the
+    (`set_mode("eval", [encoder, decoder])`) switches each listed model. A validation every
+    N batches from inside the batch loop is reported the same way, also when the training
+    forward runs in a loss helper given the model (`loss = loss_fn(model, x)` ...
+    `loss.backward()`). Models the
     loop does not train (a frozen teacher no optimizer there steps, or only run under
     `no_grad`), models whose every layer ignores the mode (linear, convolution and activation
     layers only: eval() changes nothing for them) and helpers that restore the mode they

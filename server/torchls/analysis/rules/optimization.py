@@ -614,8 +614,17 @@ def clip_scaled_gradients(facts: Facts) -> Iterator[Hit]:
             for c in calls
         ):
             continue
+        # The next scaled backward that always runs ends this clip's step; an optional one in
+        # between (`if use_awp: scaler.scale(adv_loss).backward()`) leaves the gradients
+        # scaled all the same.
         next_backward = next(
-            (position(c) for c in calls if position(c) > here and _scaled_backward(facts, c)),
+            (
+                position(c)
+                for c in calls
+                if position(c) > here
+                and _scaled_backward(facts, c)
+                and _path_unconditional(facts, c, _lowest_common_ancestor(facts, c, clip))
+            ),
             None,
         )
         steps = [
@@ -628,11 +637,16 @@ def clip_scaled_gradients(facts: Facts) -> Iterator[Hit]:
         ]
         if not steps:
             continue
+        # An optional scaled backward between the clip and the step adds scaled gradients
+        # after an unscale_() inserted here: the fix would be wrong, the finding is not.
+        between = any(
+            here < position(c) < position(steps[0]) and _scaled_backward(facts, c) for c in calls
+        )
         yield Hit(
             clip,
             f"`{facts.source.segment(clip.func)}` clips gradients that are still multiplied by "
             "the loss scale; call `scaler.unscale_(optimizer)` first",
-            _insert_unscale(facts, clip, steps),
+            None if between else _insert_unscale(facts, clip, steps),
         )
 
 
