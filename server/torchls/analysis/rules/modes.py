@@ -517,18 +517,8 @@ def _flag_evaluations(facts: Facts) -> Iterator[Hit]:
     """A function that trains or evaluates by a parameter (`run_epoch(..., train=False)`):
     at each site that passes the evaluating constant, the model its loop runs must be in
     eval mode. No fix: the function's own loop also trains, so the mode is the caller's."""
-    analysis = modes_of(facts)
-    if not analysis.evaluating_entry:
-        return
     reported: set[tuple[int, str]] = set()
-    for site, entry in sorted(analysis.evaluating_entry.items(), key=lambda i: i[0].lineno):
-        function = facts.called_function(site)
-        if function is None:
-            continue
-        found = next((f for f in facts.evaluating_sites(function) if f[0] is site), None)
-        if found is None:
-            continue
-        _, param, argument = found
+    for site, function, param, argument, entry in _evaluating_calls(facts):
         for call in facts.calls_in(function):
             key = facts.key(call.func)
             if key is None or key not in entry or not facts.enclosing_loops(call):
@@ -550,6 +540,22 @@ def _flag_evaluations(facts: Facts) -> Iterator[Hit]:
                 f"call `eval()` on it before that call ({_why_mode_matters(facts, call)})",
                 None,
             )
+
+
+def _evaluating_calls(
+    facts: Facts,
+) -> Iterator[tuple[ast.Call, FunctionNode, str, ast.expr, dict[str, frozenset]]]:
+    """(site, helper, parameter, argument, entry modes) for each call that runs a helper's
+    loop as evaluation by a constant argument (`run_epoch(..., train=False)`), in line
+    order: what TL201 and TL202 ask of a loop shared by training and evaluation."""
+    analysis = modes_of(facts)
+    for site, entry in sorted(analysis.evaluating_entry.items(), key=lambda i: i[0].lineno):
+        function = facts.called_function(site)
+        if function is None:
+            continue
+        found = next((f for f in facts.evaluating_sites(function) if f[0] is site), None)
+        if found is not None:
+            yield site, function, found[1], found[2], entry
 
 
 def _switched_to_eval_by_flag(
@@ -754,18 +760,10 @@ def _flag_evaluations_with_grad(facts: Facts) -> Iterator[Hit]:
     when anything in the helper may switch gradients by the flag (`torch.set_grad_enabled(
     train)`, a context manager chosen at run time) or the forward itself sits under a test
     of the flag. No fix: the loop also trains, so no_grad belongs around the call site."""
-    analysis = modes_of(facts)
-    if not analysis.evaluating_entry:
-        return
     reported: set[tuple[int, str]] = set()
-    for site, entry in sorted(analysis.evaluating_entry.items(), key=lambda i: i[0].lineno):
-        function = facts.called_function(site)
-        if function is None or facts.in_no_grad(site) or facts.under_unknown_decorator(site):
+    for site, function, param, argument, entry in _evaluating_calls(facts):
+        if facts.in_no_grad(site) or facts.under_unknown_decorator(site):
             continue
-        found = next((f for f in facts.evaluating_sites(function) if f[0] is site), None)
-        if found is None:
-            continue
-        _, param, argument = found
         for call in facts.calls_in(function):
             key = facts.key(call.func)
             loops = facts.enclosing_loops(call)
