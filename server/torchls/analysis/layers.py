@@ -21,7 +21,7 @@ from torchls.analysis.queries.vocabulary import argument_at
 
 if TYPE_CHECKING:
     from torchls.analysis.facts import Facts
-    from torchls.analysis.queries.vocabulary import ClassInfo, argument_at
+    from torchls.analysis.queries.vocabulary import ClassInfo
 
 # torch.nn layers whose output does not depend on the mode.
 MODE_FREE = frozenset(
@@ -109,13 +109,7 @@ def _passed_from_elsewhere(facts: Facts, expr: ast.AST | None) -> list[tuple[Fac
     if not isinstance(expr, ast.Name):
         return []
     function = facts.parameter_of(expr)
-    workspace = facts.workspace
-    if function is None or workspace is None or not getattr(workspace, "complete", True):
-        return []
-    if facts.call_sites(function):
-        return []
-    project = getattr(workspace, "workspace", workspace)
-    found = project.calls_elsewhere(facts, function)
+    found = facts.calls_from_other_files(function) if function is not None else []
     if not found:
         return []
     # A method is called bound (`trainer.fit(model)`); a function through its module is not

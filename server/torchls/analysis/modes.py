@@ -620,25 +620,22 @@ class ModeAnalysis:
             return state
         reverse = {param: key for key, param in mapping.items()}
         updated = dict(state)
+        # `set_mode("eval", [encoder, decoder])`: what the helper does to each element of
+        # its list parameter, it does to each object listed at this call.
         spread = _listed_arguments(self.facts, call, function)
-        for callee_key, facts_ in list(effect.items()):
-            for element in spread.get(callee_key, ()):
-                # `set_mode("eval", [encoder, decoder])`: what the helper does to each
-                # element of its list parameter, it does to each object listed here.
-                effect = {**effect, element: facts_}
         for callee_key, facts_ in effect.items():
-            if callee_key in spread:
-                continue
-            caller_key = _rebase(callee_key, reverse) or callee_key
+            targets = spread.get(callee_key) or [_rebase(callee_key, reverse) or callee_key]
             # Attribute the change to the call site, so findings point at the helper call.
             changed = frozenset(
                 ModeFact(f.mode, call if f.setter is not None else None, False)
                 for f in facts_
                 if f.mode != "unchanged"
             )
-            if any(f.mode == "unchanged" for f in facts_):
-                changed |= state.get(caller_key, UNKNOWN)
-            updated[caller_key] = changed
+            for caller_key in targets:
+                if any(f.mode == "unchanged" for f in facts_):
+                    updated[caller_key] = changed | state.get(caller_key, UNKNOWN)
+                else:
+                    updated[caller_key] = changed
         return updated
 
     def _effect(self, function: FunctionNode, constants: dict[str, object] | None = None) -> State:

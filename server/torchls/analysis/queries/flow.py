@@ -163,18 +163,24 @@ class FlowQueries:
                     return True
         return False
 
+    def calls_from_other_files(self, function: FunctionNode) -> list[tuple[Facts, ast.Call]]:
+        """The calls of `function`, which has no call site in this file, in the project's
+        other files (`Workspace.calls_elsewhere`); empty when there is none, when the project
+        cannot be searched, or in a view that does not read other files (the editor's
+        keystroke pass: only a check or the editor's second pass asks them)."""
+        if self.call_sites(function):
+            return []
+        workspace = self.workspace
+        if workspace is None or not getattr(workspace, "complete", True):
+            return []
+        project = getattr(workspace, "workspace", workspace)
+        return project.calls_elsewhere(self, function) or []
+
     def callers_elsewhere_disable_grad(self, function: FunctionNode) -> bool:
         """`function` has no call site in this file, and every call of it in the project's
         other files runs with gradients disabled (`with torch.no_grad(): validate(...)` in
-        train.py). Asked of a full view of the project only (a check, the editor's second
-        pass): the keystroke view does not read other files."""
-        if self.call_sites(function):
-            return False
-        workspace = self.workspace
-        if workspace is None or not getattr(workspace, "complete", True):
-            return False
-        project = getattr(workspace, "workspace", workspace)
-        found = project.calls_elsewhere(self, function)
+        train.py)."""
+        found = self.calls_from_other_files(function)
         return bool(found) and all(other.in_no_grad(call) for other, call in found)
 
     def parameters_frozen_before(self, key: str, node: ast.AST, depth: int = 0) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from torchls.analysis.facts import Facts
@@ -228,19 +228,36 @@ def _numpy_value(facts: Facts, value: ast.expr, depth: int = 0) -> ast.Call | No
     origins = facts.origins(value)
     if not origins or any(o.facts is not None for o in origins):
         return None
+    return _numpy_among(facts, [o.node for o in origins], depth, _numpy_call)
+
+
+def _numpy_among(
+    facts: Facts,
+    nodes: list[ast.AST],
+    depth: int,
+    judge: Callable[[Facts, ast.expr, int], ast.Call | None],
+) -> ast.Call | None:
+    """The first NumPy call `judge` finds among `nodes` when every node is one or a numeric
+    constant (the initial `best = 0` a NumPy value replaces); None otherwise."""
     found: ast.Call | None = None
-    for origin in origins:
-        node = origin.node
+    for node in nodes:
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
-            continue  # the initial `best = 0` the NumPy value replaces
-        produced = _numpy_call(facts, node, depth) if isinstance(node, ast.Call) else None
+            continue
+        produced = judge(facts, node, depth) if isinstance(node, ast.expr) else None
         if produced is None:
             return None
         found = found or produced
     return found
 
 
-def _numpy_call(facts: Facts, call: ast.Call, depth: int) -> ast.Call | None:
+def _numpy_of_expression(facts: Facts, node: ast.expr, depth: int) -> ast.Call | None:
+    """What `_numpy_value` says of an argument or a returned expression, one level deeper."""
+    return _numpy_value(facts, node, depth + 1)
+
+
+def _numpy_call(facts: Facts, call: ast.expr, depth: int) -> ast.Call | None:
+    if not isinstance(call, ast.Call):
+        return None
     qualname = facts.call_qualname(call) or ""
     head, _, last = qualname.rpartition(".")
     if head == "numpy" and last in _NUMPY_PRODUCERS:
@@ -255,15 +272,7 @@ def _numpy_call(facts: Facts, call: ast.Call, depth: int) -> ast.Call | None:
         arguments = [a for a in call.args if not isinstance(a, ast.Starred)]
         if len(arguments) < 2 or len(arguments) != len(call.args) or call.keywords:
             return None  # `max(values)` of an iterable: its elements are out of sight
-        found = None
-        for argument in arguments:
-            if isinstance(argument, ast.Constant) and isinstance(argument.value, (int, float)):
-                continue
-            produced = _numpy_value(facts, argument, depth + 1)
-            if produced is None:
-                return None
-            found = found or produced
-        return found
+        return _numpy_among(facts, arguments, depth, _numpy_of_expression)
     function = facts.called_function(call)
     if function is not None and facts.scope(function) is facts.tree:
         returned = [
@@ -271,25 +280,25 @@ def _numpy_call(facts: Facts, call: ast.Call, depth: int) -> ast.Call | None:
             for r in facts.walk_local(function)
             if isinstance(r, ast.Return) and r.value is not None
         ]
-        found = None
-        for expression in returned:
-            produced = _numpy_value(facts, expression, depth + 1)
-            if produced is None:
-                return None
-            found = found or produced
-        return found
+        return _numpy_among(facts, returned, depth, _numpy_of_expression)
     return None
 
 
 def _numpy_allow_listed(facts: Facts) -> bool:
     """The file allow-lists NumPy's classes for weights_only loading itself."""
+    return any(
+        "np." in text or "numpy" in text or "scalar" in text
+        for text in map(facts.source.segment, _safe_globals_lists(facts))
+    )
+
+
+def _safe_globals_lists(facts: Facts) -> Iterator[ast.expr]:
+    """What each `torch.serialization.add_safe_globals(...)` / `safe_globals(...)` call here
+    allow-lists for weights_only loading (its first argument)."""
     for call in facts.calls:
         qualname = facts.call_qualname(call) or ""
         if qualname.endswith(("add_safe_globals", "safe_globals")) and call.args:
-            text = facts.source.segment(call.args[0])
-            if "np." in text or "numpy" in text or "scalar" in text:
-                return True
-    return False
+            yield call.args[0]
 
 
 def _parameter_config(facts: Facts, name: ast.Name, depth: int) -> tuple[str, str] | None:
@@ -337,14 +346,11 @@ def _saved_through_wrappers(facts: Facts) -> Iterator[ast.expr]:
 
 
 def _allow_listed(facts: Facts, class_name: str) -> bool:
-    for call in facts.calls:
-        qualname = facts.call_qualname(call) or ""
-        if qualname.endswith(("add_safe_globals", "safe_globals")) and call.args:
-            listed = call.args[0]
-            elements = listed.elts if isinstance(listed, (ast.List, ast.Tuple, ast.Set)) else []
-            for element in elements:
-                if facts.source.segment(element).split(".")[-1] == class_name:
-                    return True
+    for listed in _safe_globals_lists(facts):
+        elements = listed.elts if isinstance(listed, (ast.List, ast.Tuple, ast.Set)) else []
+        for element in elements:
+            if facts.source.segment(element).split(".")[-1] == class_name:
+                return True
     return False
 
 

@@ -675,9 +675,7 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
             continue
         if facts.in_no_grad(site) or facts.under_unknown_decorator(site):
             continue
-        if facts.grad_disabling_decorator(function) or _grad_may_follow_flag(
-            facts, function, call, ""
-        ):
+        if facts.grad_disabling_decorator(function) or _grad_switched_around(facts, function, call):
             continue  # the helper turns gradients off (or may) around its forward
         if _needs_gradients(facts, context) or _needs_gradients(facts, function):
             continue
@@ -730,11 +728,7 @@ def _evaluated_by_callers_elsewhere(facts: Facts, call: ast.Call, key: str) -> b
         a.stmt is not function for a in facts.assignments_of(root, function)
     ):
         return False  # not a parameter, or rebound inside: the caller's model may not run
-    workspace = facts.workspace
-    if workspace is None or not getattr(workspace, "complete", True):
-        return False
-    project = getattr(workspace, "workspace", workspace)
-    found = project.calls_elsewhere(facts, function)
+    found = facts.calls_from_other_files(function)
     if not found:
         return False
     for other, site in found:
@@ -794,11 +788,26 @@ def _flag_evaluations_with_grad(facts: Facts) -> Iterator[Hit]:
 
 
 def _grad_may_follow_flag(facts: Facts, function: FunctionNode, call: ast.Call, param: str) -> bool:
-    """Between `call` and its function: a `with` that may turn gradients off at run time
-    (`torch.set_grad_enabled(train)`, `torch.no_grad() if not train else nullcontext()`,
-    a context manager held in a name), or an `if` testing `param` (the pass that evaluates
-    may take another branch)."""
+    """Between `call` and its function: a `with` that may turn gradients off
+    (`_grad_switched_around`), or an `if` testing `param` (the pass that evaluates may take
+    another branch)."""
+    if _grad_switched_around(facts, function, call):
+        return True
     child: ast.AST = call
+    current = facts.parents.get(call)
+    while current is not None and current is not function:
+        if isinstance(current, ast.If):
+            guard = guard_of(facts, function, current.test, child in current.body)
+            if guard is not None and guard[0] == param:
+                return True
+        child, current = current, facts.parents.get(current)
+    return False
+
+
+def _grad_switched_around(facts: Facts, function: FunctionNode, call: ast.Call) -> bool:
+    """Between `call` and its function, a `with` that may turn gradients off at run time
+    (`torch.set_grad_enabled(train)`, `torch.no_grad() if not train else nullcontext()`,
+    a context manager held in a name)."""
     current = facts.parents.get(call)
     while current is not None and current is not function:
         if isinstance(current, (ast.With, ast.AsyncWith)):
@@ -809,11 +818,7 @@ def _grad_may_follow_flag(facts: Facts, function: FunctionNode, call: ast.Call, 
                 qualname = facts.call_qualname(context) or ""
                 if "grad" in qualname or "inference_mode" in qualname:
                     return True
-        if isinstance(current, ast.If):
-            guard = guard_of(facts, function, current.test, child in current.body)
-            if guard is not None and guard[0] == param:
-                return True
-        child, current = current, facts.parents.get(current)
+        current = facts.parents.get(current)
     return False
 
 
