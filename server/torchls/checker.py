@@ -43,6 +43,7 @@ from torchls.cache import (
     cache_folder,
 )
 from torchls.config import ConfigResolver, ProjectConfig
+from torchls.notebook import CellMap, NotebookError, NotebookSource, read_notebook, write_back
 from torchls.project import ProjectView, ReadGraph, ReadRecorder
 from torchls.records import field, record, replace
 
@@ -90,6 +91,8 @@ class FileReport:
     fixed: int = 0
     fixed_text: str | None = None  # the fixed source when it was not written back (stdin)
     notes: list[str] = field(default_factory=list)  # non-fatal problems worth a stderr line
+    # A notebook's: where its code cells are in the module text the findings' rows count in.
+    cells: CellMap | None = None
 
 
 @record
@@ -141,8 +144,8 @@ def discover(
 
     A file named explicitly is checked even without a .py suffix, and even when excluded or
     git-ignored unless `force_exclude` (what pre-commit, which names every staged file,
-    needs); folders are walked for `*.py`, skipping tool folders, the config's `exclude` globs
-    and git-ignored paths.
+    needs); folders are walked for the config's `include` globs (`*.py` and `*.ipynb` by
+    default), skipping tool folders, the config's `exclude` globs and git-ignored paths.
     """
     found = Discovery()
     seen: set[Path] = set()
@@ -200,7 +203,7 @@ def _walk(
         dirs[:] = sorted(d for d in dirs if not _skip_dir(here / d, resolver, ignored))
         for name in sorted(files):
             path = here / name
-            if name.endswith(".py") and not _excluded(path, resolver) and not ignored(path):
+            if _included(path, resolver) and not _excluded(path, resolver) and not ignored(path):
                 yield path  # discover() rejects links that loop and files that are not regular
 
 
@@ -275,6 +278,20 @@ def _git(folder: Path, *args: str) -> str | None:
     if done.returncode != 0:
         return None
     return done.stdout.decode("utf-8", "surrogateescape")
+
+
+def _included(path: Path, resolver: ConfigResolver) -> bool:
+    """Whether a file met in a folder walk is one to check (the config's `include` globs)."""
+    config = resolver.for_path(path)
+    if path.name.endswith(".py") and "*.py" in config.include:
+        return True  # the common case, without a path resolution
+    relative = config.relative(path)
+    return any(_glob_matches(relative, pattern) for pattern in config.include)
+
+
+def is_notebook(path: Path | str) -> bool:
+    """Whether a file is read as a Jupyter notebook (by its suffix, as Jupyter does)."""
+    return str(path).endswith(".ipynb")
 
 
 def _excluded(path: Path, resolver: ConfigResolver) -> bool:
@@ -364,6 +381,8 @@ def _check_paths(
         cached = cache.lookup(path, data, enabled) if cache is not None else None
         if cached is not None and not (options.fix and _fixable(cached, options.unsafe_fixes)):
             _fill(report, cached)
+            if is_notebook(path) and report.error is None:
+                _read_cells(report, data)
             finished(index, report)
             continue
         jobs.append(_Job(index, path, data, enabled))
@@ -394,6 +413,11 @@ def check_stdin(
     config = resolver.for_path(named if named else Path.cwd())
     enabled = _enabled_codes(config, named, options)
     session = _Session.current(options)
+    if named is not None and is_notebook(named):
+        fixed = session.analyse_notebook(report, data, filename or "<stdin>", enabled)
+        if options.fix and report.error is None:
+            report.fixed_text = (fixed if fixed is not None else data).decode("utf-8-sig")
+        return report
     new_text = session.analyse_into(report, data, filename or "<stdin>", enabled)
     if options.fix and report.error is None:
         report.fixed_text = new_text if new_text is not None else _decoded(data)
@@ -509,8 +533,18 @@ class _Session:
 
     def run(self, job: _Job) -> _Done:
         report = FileReport(_display(job.path), _absolute(job.path))
-        new_text = self.analyse_into(report, job.data, str(job.path), job.enabled)
         content: bytes | None = job.data
+        if is_notebook(job.path):
+            fixed = self.analyse_notebook(report, job.data, str(job.path), job.enabled)
+            if fixed is not None and report.error is None:
+                try:
+                    job.path.write_bytes(fixed)
+                    content = fixed
+                except OSError as error:
+                    report.error = f"cannot write the fixed file: {error}"
+                    content = None
+            return _Done(report, content)
+        new_text = self.analyse_into(report, job.data, str(job.path), job.enabled)
         if new_text is not None:
             try:
                 content = _encode_like(job.data, new_text)
@@ -519,6 +553,26 @@ class _Session:
                 report.error = f"cannot write the fixed file: {error}"
                 content = None
         return _Done(report, content)
+
+    def analyse_notebook(
+        self, report: FileReport, data: bytes, filename: str, enabled: tuple[str, ...]
+    ) -> bytes | None:
+        """Fill `report` from the analysis of a notebook's code cells (rows count in the
+        module text; `report.cells` places them in cells); returns the notebook's fixed bytes
+        when --fix changed anything."""
+        notebook = _read_cells(report, data)
+        if notebook is None or not notebook.cells:
+            return None
+        new_text = self.analyse_into(report, notebook.text.encode("utf-8"), filename, enabled)
+        if new_text is None or report.error is not None:
+            return None
+        fixed = write_back(data, notebook, new_text)
+        if fixed is None:
+            report.notes.append("the fixes moved code across cells; the notebook was not changed")
+            report.fixed = 0
+            return None
+        report.cells = read_notebook(fixed).map  # the fixed findings' rows count in the new text
+        return fixed
 
     def run_batch(
         self, jobs: Sequence[_Job], each: Callable[[_Job, _Done], None] | None = None
@@ -762,6 +816,21 @@ def _work(batch: list[_Job]) -> list[_Done]:
     assert session is not None, "the worker initialiser always runs first"
     with collector_paused():  # as in `check_paths`; a worker's picture lasts until it exits
         return session.run_batch(batch)
+
+
+def _read_cells(report: FileReport, data: bytes) -> NotebookSource | None:
+    """The notebook in `data`, its cell map put on `report`; None (and `report.error`, or a
+    note for a notebook in another language) when there is nothing to analyse."""
+    try:
+        notebook = read_notebook(data)
+    except NotebookError as error:
+        report.error = f"cannot read the notebook: {error}"
+        return None
+    report.cells = notebook.map
+    if notebook.language != "python":
+        report.notes.append(f"not a Python notebook (kernel language {notebook.language!r})")
+        return None
+    return notebook
 
 
 def _record_syntax(report: FileReport, result: AnalysisResult) -> None:

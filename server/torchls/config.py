@@ -33,7 +33,17 @@ def _toml() -> Any:
     return tomllib
 
 
-KNOWN_KEYS = {"select", "ignore", "extend-select", "per-file-ignores", "exclude", "probe"}
+KNOWN_KEYS = {
+    "select",
+    "ignore",
+    "extend-select",
+    "per-file-ignores",
+    "include",
+    "exclude",
+    "probe",
+}
+# What a folder walk checks unless `include` says otherwise: modules and Jupyter notebooks.
+DEFAULT_INCLUDE = ("*.py", "*.ipynb")
 PROBE_KEYS = {
     "device",
     "steps",
@@ -71,6 +81,7 @@ class ProjectConfig:
     ignore: tuple[str, ...] = ()
     extend_select: tuple[str, ...] = ()
     per_file_ignores: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    include: tuple[str, ...] = DEFAULT_INCLUDE
     exclude: tuple[str, ...] = ()
     probe: dict[str, Any] = field(default_factory=dict)
 
@@ -358,6 +369,7 @@ def load_config_file(path: str | Path) -> ProjectConfig:
         if "extend-select" in table
         else (),
         per_file_ignores=per_file,
+        include=_string_list(table, "include", path) if "include" in table else DEFAULT_INCLUDE,
         exclude=_string_list(table, "exclude", path) if "exclude" in table else (),
         probe=dict(probe),
     )

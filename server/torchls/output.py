@@ -19,6 +19,7 @@ from typing import Any
 from torchls import __version__
 from torchls.analysis import Edit, Finding, Position, Rule, all_rules, get_rule
 from torchls.checker import FileReport
+from torchls.notebook import cell_finding
 from torchls.records import record
 
 SARIF_SCHEMA = (
@@ -63,15 +64,28 @@ def all_findings(reports: Iterable[FileReport]) -> list[tuple[FileReport, Findin
     return [(report, finding) for report in reports for finding in report.findings]
 
 
+def placed(report: FileReport, finding: Finding) -> tuple[int | None, Finding]:
+    """The finding as the user reads the file: in a notebook, its cell number and the finding
+    with rows counted in that cell (messages say cell lines too); elsewhere (None, it)."""
+    if report.cells is None:
+        return None, finding
+    return cell_finding(finding, report.cells)
+
+
+def _where(report: FileReport, cell: int | None) -> str:
+    return report.display if cell is None else f"{report.display}:cell {cell}"
+
+
 # --- text ------------------------------------------------------------------------------------
 
 
 def text_findings(reports: Sequence[FileReport], unsafe_fixes: bool, style: Style) -> str:
     """One `path:row:col: CODE [*] message` line per finding."""
     lines = []
-    for report, finding in all_findings(reports):
+    for report, found in all_findings(reports):
+        cell, finding = placed(report, found)
         start = finding.span.start
-        where = f"{style.bold(report.display)}:{start.row}:{start.column + 1}:"
+        where = f"{style.bold(_where(report, cell))}:{start.row}:{start.column + 1}:"
         marker = f" {style.marker('[*]')}" if is_fixable(finding, unsafe_fixes) else ""
         lines.append(f"{where} {style.code(finding.code)}{marker} {finding.message}")
     return "\n".join(lines) + ("\n" if lines else "")
@@ -199,11 +213,19 @@ def _edit_json(edit: Edit) -> dict[str, Any]:
     }
 
 
-def finding_json(report: FileReport, finding: Finding) -> dict[str, Any]:
-    """One finding in ruff's JSON shape; `url` stays null until rule docs are published."""
+def finding_json(report: FileReport, found: Finding) -> dict[str, Any]:
+    """One finding in ruff's JSON shape; `url` stays null until rule docs are published. In a
+    notebook `cell` is the cell's number (1-based over all cells) and rows count in that
+    cell, each fix edit's in its own (`cell` on the edit); elsewhere `cell` is null."""
+    cell, finding = placed(report, found)
     fix = finding.fix
+    edits = [_edit_json(edit) for edit in fix.edits] if fix is not None else []
+    if cell is not None and found.fix is not None and report.cells is not None:
+        for edit, row in zip(edits, found.fix.edits, strict=True):
+            edit["cell"] = report.cells.locate(row.span.start.row)[0]
     return {
         "filename": report.filename,
+        "cell": cell,
         "code": finding.code,
         "message": finding.message,
         "severity": finding.severity,
@@ -214,7 +236,7 @@ def finding_json(report: FileReport, finding: Finding) -> dict[str, Any]:
         else {
             "applicability": fix.applicability,
             "message": fix.message,
-            "edits": [_edit_json(edit) for edit in fix.edits],
+            "edits": edits,
         },
         "url": None,
     }
@@ -240,8 +262,10 @@ def _github_escape(text: str, property_value: bool = False) -> str:
 def github_findings(reports: Sequence[FileReport]) -> str:
     """Workflow commands that GitHub Actions turns into inline annotations on the diff."""
     lines = []
-    for report, finding in all_findings(reports):
+    for report, found in all_findings(reports):
+        cell, finding = placed(report, found)
         start, end = finding.span.start, finding.span.end
+        title = finding.code if cell is None else f"{finding.code} (cell {cell})"
         props = ",".join(
             [
                 f"file={_github_escape(report.display, True)}",
@@ -249,10 +273,10 @@ def github_findings(reports: Sequence[FileReport]) -> str:
                 f"col={start.column + 1}",
                 f"endLine={end.row}",
                 f"endColumn={end.column + 1}",
-                f"title={_github_escape(finding.code, True)}",
+                f"title={_github_escape(title, True)}",
             ]
         )
-        message = f"{report.display}:{start.row}:{start.column + 1}: {finding.code} "
+        message = f"{_where(report, cell)}:{start.row}:{start.column + 1}: {finding.code} "
         message += finding.message
         lines.append(f"::{_GITHUB_LEVEL[finding.severity]} {props}::{_github_escape(message)}")
     return "\n".join(lines) + ("\n" if lines else "")
@@ -283,14 +307,18 @@ def _sarif_artifact(report: FileReport) -> dict[str, str]:
     return {"uri": Path(display).as_uri()}
 
 
-def _sarif_result(report: FileReport, finding: Finding, index: dict[str, int]) -> dict[str, Any]:
+def _sarif_result(report: FileReport, found: Finding, index: dict[str, int]) -> dict[str, Any]:
     artifact = _sarif_artifact(report)
-    location = {
+    cell, finding = placed(report, found)
+    location: dict[str, Any] = {
         "physicalLocation": {
             "artifactLocation": artifact,
             "region": _sarif_region(finding.span.start, finding.span.end),
         }
     }
+    if cell is not None:
+        # SARIF has no notion of cells: the region counts rows in the cell named here.
+        location["properties"] = {"cell": cell}
     result: dict[str, Any] = {
         "ruleId": finding.code,
         "level": _SARIF_LEVEL[finding.severity],
@@ -299,7 +327,8 @@ def _sarif_result(report: FileReport, finding: Finding, index: dict[str, int]) -
     }
     if finding.code in index:
         result["ruleIndex"] = index[finding.code]
-    if finding.fix is not None:
+    if finding.fix is not None and cell is None:
+        # (A notebook's edits count rows in cells, not in the file a SARIF fix would edit.)
         replacements = [
             {
                 "deletedRegion": _sarif_region(edit.span.start, edit.span.end),
@@ -313,6 +342,7 @@ def _sarif_result(report: FileReport, finding: Finding, index: dict[str, int]) -
                 "artifactChanges": [{"artifactLocation": artifact, "replacements": replacements}],
             }
         ]
+    if finding.fix is not None:
         result["properties"] = {"fixApplicability": finding.fix.applicability}
     return result
 

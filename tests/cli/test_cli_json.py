@@ -14,6 +14,7 @@ import os
 BUGGY = ("--select", "TL101,TL106,TL302,TL303")
 FINDING_KEYS = {
     "filename",
+    "cell",  # null outside notebooks, as in ruff's JSON
     "code",
     "message",
     "severity",
