@@ -47,6 +47,9 @@ class Request:
     initial_save: str | None = None  # --compare baseline: the models' weights at first call
     initial_load: str | None = None  # --compare candidate: start from the baseline's weights
     command: str = ""
+    # A notebook's code cells as one script (`file` names the notebook): run instead of the
+    # file's own text, attributed to `file` with rows of that script.
+    source: str | None = None
     # A rank of a distributed repro (`torchls repro --nproc N`): the report file of each local
     # rank, the shared exchange folder, the collective timeout, when torchrun was launched.
     distributed: dict[str, Any] | None = None
@@ -86,6 +89,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "initial_save": (str, type(None)),
     "initial_load": (str, type(None)),
     "command": (str,),
+    "source": (str, type(None)),
     "distributed": (dict, type(None)),
 }
 

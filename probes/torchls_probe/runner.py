@@ -187,7 +187,7 @@ def _run_traced(
 
         progress.emit("run", f"running {os.path.basename(request.file)}")
         with tracer:
-            run_script(request.file, request.argv)
+            run_script(request.file, request.argv, request.source)
     else:
         _run_function(request, progress, tracer, state, determinism)
     outcome.stopped_by = "end"

@@ -7,8 +7,10 @@ the user's code, so it is reported as an error rather than as a finding).
 
 from __future__ import annotations
 
+import builtins
 import importlib.util
 import inspect
+import linecache
 import os
 import re
 import runpy
@@ -22,11 +24,27 @@ class SetupError(RuntimeError):
     """The target could not be loaded as requested."""
 
 
-def run_script(file: str, argv: list[str]) -> None:
-    """Run `file` like `python file args...`: as `__main__`, its folder first on sys.path."""
+def run_script(file: str, argv: list[str], source: str | None = None) -> None:
+    """Run `file` like `python file args...`: as `__main__`, its folder first on sys.path.
+    With `source` (a notebook's code cells), that text runs instead, under `file`'s name, and
+    tracebacks and the report read its lines, not the notebook's JSON."""
     sys.argv = [file, *argv]
     sys.path.insert(0, os.path.dirname(file))
-    runpy.run_path(file, run_name="__main__")
+    if source is None:
+        runpy.run_path(file, run_name="__main__")
+        return
+    lines = source.splitlines(keepends=True)
+    linecache.cache[file] = (len(source), None, lines, file)
+    main = ModuleType("__main__")
+    main.__file__ = file
+    main.__builtins__ = builtins
+    previous = sys.modules.get("__main__")
+    sys.modules["__main__"] = main
+    try:
+        exec(compile(source, file, "exec"), main.__dict__)
+    finally:
+        if previous is not None:
+            sys.modules["__main__"] = previous
 
 
 _MODULES: dict[str, ModuleType] = {}

@@ -440,3 +440,59 @@ def cell_finding(finding: Finding, cells: CellMap) -> tuple[int, Finding]:
         edits = tuple(Edit(cell_span(edit.span, cells)[1], edit.content) for edit in fix.edits)
         fix = replace(fix, edits=edits)
     return cell, replace(finding, span=span, fix=fix, message=relabel_lines(finding.message, cells))
+
+
+# --- the repro's script -------------------------------------------------------------------------
+
+
+@record(frozen=True)
+class ReproScript:
+    """What a repro of a notebook runs: its code cells up to and including `through` (the
+    first cell that trains, or the last cell when none does: `found_loop`), as one script
+    whose rows are the module text's rows."""
+
+    text: str
+    notebook: NotebookSource
+    through: int
+    found_loop: bool
+
+
+def repro_script(data: bytes, filename: str) -> ReproScript:
+    """The script a bounded repro of the notebook in `data` runs; raises `NotebookError` for
+    a file that is not a notebook or has no Python code cell."""
+    notebook = read_notebook(data)
+    if not notebook.cells:
+        what = "is not a Python notebook" if notebook.language != "python" else "has no code cell"
+        raise NotebookError(f"the notebook {what}: nothing to run")
+    loop_row = _first_training_row(notebook.text, filename)
+    cells = notebook.map
+    through = cells.locate(loop_row)[0] if loop_row is not None else cells.numbers[-1]
+    at = cells.numbers.index(through)
+    last_row = cells.starts[at] + cells.lengths[at] - 1
+    lines = notebook.text.split("\n")[: max(last_row, 0)]
+    text = "\n".join(lines) + ("\n" if lines else "")
+    return ReproScript(text, notebook, through, loop_row is not None)
+
+
+def _first_training_row(text: str, filename: str) -> int | None:
+    """The row of the first top-level statement that trains: reaches `backward()` itself or
+    through the functions it calls (a loop, or `train(model)` defined in an earlier cell), as
+    the rules mean it."""
+    # Here, not at the top: only a repro of a notebook needs the facts of its text.
+    import ast
+
+    from torchls.analysis.facts import build_facts
+    from torchls.analysis.source import SourceError, parse_source
+
+    try:
+        parsed = parse_source(text)
+    except SourceError:
+        return None
+    facts = build_facts(parsed, filename)
+    definitions = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    for statement in parsed.tree.body:
+        if not isinstance(statement, definitions) and facts.node_reaches(
+            statement, facts.is_backward
+        ):
+            return statement.lineno
+    return None

@@ -14,6 +14,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from torchls.notebook import NotebookError, ReproScript, repro_script
 from torchls.probe.locate import find_python, probe_package
 from torchls.probe.options import ReproOptions, ReproUsageError, Resolved, resolve_options
 from torchls.probe.sandbox import ensure_supported
@@ -34,6 +35,8 @@ class Prepared:
     cwd: Path = Path("/")
     writable: tuple[Path, ...] = ()
     notes: tuple[str, ...] = ()
+    # A notebook's: the code cells the run executes as one script (rows of its module text).
+    notebook: ReproScript | None = None
 
     @property
     def copied(self) -> list[Path]:
@@ -72,6 +75,7 @@ class Prepared:
             "out": str(report) if report is not None else None,
             "output_file": str(output) if output is not None else None,
             "command": self.command,
+            "source": self.notebook.text if self.notebook is not None else None,
         }
 
 
@@ -88,11 +92,14 @@ def prepare(path: str | Path, options: ReproOptions | None) -> Prepared:
         except SpecError as error:
             raise ReproUsageError(str(error)) from None
     resolved = resolve_options(options, spec)
+    notebook = _notebook(file) if file.suffix == ".ipynb" else None
     root = Path(options.root).expanduser().absolute() if options.root else file.parent
     if not root.is_dir():
         raise ReproUsageError(f"project root is not a folder: {root}")
     python = find_python(options.python, root)
     notes: list[str] = []
+    if notebook is not None:
+        notes.append(_ran_cells(notebook))
     cwd = Path(options.cwd).expanduser().absolute() if options.cwd else root
     problem = unfit_folder(cwd)
     if problem is not None and options.cwd:
@@ -129,6 +136,28 @@ def prepare(path: str | Path, options: ReproOptions | None) -> Prepared:
         cwd,
         tuple(writable),
         tuple(notes),
+        notebook,
+    )
+
+
+def _notebook(file: Path) -> ReproScript:
+    """The script a repro of the notebook `file` runs (a usage error when there is none)."""
+    try:
+        return repro_script(file.read_bytes(), str(file))
+    except OSError as error:
+        raise ReproUsageError(f"cannot read {file}: {error.strerror or error}") from None
+    except NotebookError as error:
+        raise ReproUsageError(f"{file}: {error}") from None
+
+
+def _ran_cells(notebook: ReproScript) -> str:
+    ran = [number for number in notebook.notebook.map.numbers if number <= notebook.through]
+    cells = f"cell {ran[0]}" if len(ran) == 1 else f"cells {ran[0]}-{ran[-1]}"
+    if not notebook.found_loop:
+        return f"no cell of the notebook trains (reaches backward()): ran every code cell, {cells}"
+    return (
+        f"ran code {cells} of the notebook as one script "
+        f"(cell {notebook.through} is the first that trains)"
     )
 
 
