@@ -4,8 +4,8 @@ In: the parsed `repro` arguments. Out: the report as text or JSON on stdout, pro
 and an exit status: 0 the repro ran and found nothing, 1 findings (including a run that raised,
 timed out, ran out of memory or crashed: those are TL905/TL906 findings), 2 usage error or a
 repro that could not run at all (missing file, bad spec, no interpreter, torch not importable
-there, device unavailable), 130 interrupted. Kept apart from cli.py so that `check` never loads
-the probe machinery.
+there, device unavailable, a bubblewrap installed but failing: the sandbox refuses), 130
+interrupted. Kept apart from cli.py so that `check` never loads the probe machinery.
 """
 
 from __future__ import annotations
@@ -94,7 +94,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--sandbox",
         choices=("auto", "bwrap", "none"),
         default="auto",
-        help="auto: bubblewrap when it works here; bwrap: require it; none: limits only",
+        help="auto: bubblewrap when installed (installed but failing: the run is refused), "
+        "else limits only, said on every run; bwrap: require it; none: limits only",
     )
     repro.add_argument(
         "--nproc",
@@ -187,24 +188,35 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     if progress is not None:
         sys.stderr.write("\r\x1b[K")
+    weaker = sandbox_line(report.data)
     if args.output_format == "json":
         sys.stdout.write(report.to_json() + "\n")
     else:
-        sys.stdout.write(render(report))
+        # Fewer protections than the full set is the first thing the report says.
+        sys.stdout.write((f"torchls: {weaker}\n" if weaker else "") + render(report))
     if args.report:
         from torchls.probe.html_report import render_html
 
         if not _write_report(args.report, render_html(report)):
             return EXIT_ERROR
-    for layer in (report.data.get("sandbox") or {}).get("layers") or []:
-        if not layer.get("held"):
-            print(f"torchls: warning: sandbox layer not held: {layer['name']}", file=sys.stderr)
+    if weaker:  # on every run, also when stdout goes to a file or another program
+        print(f"torchls: warning: {weaker}", file=sys.stderr)
     if report.setup_error is not None:
         print(f"torchls: error: {untrusted.terminal(report.setup_error)}", file=sys.stderr)
         return EXIT_ERROR
     # Information (a warning Python printed, advice) never fails a CI gate.
     serious = [f for f in report.findings if f.severity in ("error", "warning")]
     return EXIT_FINDINGS if serious else EXIT_CLEAN
+
+
+def sandbox_line(data: dict) -> str | None:
+    """The report's line naming the active and missing protections (None: all held)."""
+    from torchls.probe import untrusted
+    from torchls.probe.sandbox import protections_line
+
+    sandbox = data.get("sandbox") or {}
+    line = sandbox.get("summary") or protections_line(sandbox.get("layers") or [])
+    return untrusted.one_line(line, 2000) if line else None
 
 
 def join_dashed_values(args: list[str] | None) -> list[str] | None:

@@ -23,7 +23,7 @@ from torchls.probe.options import ReproOptions, ReproUsageError
 from torchls.probe.prepare import Prepared, prepare
 from torchls.probe.process import Ended, supervise
 from torchls.probe.report import ReproReport, load_probe_report, synthesize
-from torchls.probe.sandbox import Layer, limits_for, plan
+from torchls.probe.sandbox import Layer, limits_for, plan, protections_line
 from torchls.probe.scratch import RunFolder, Unreadable, open_regular, read_head_tail
 from torchls.probe.view import ProjectView
 from torchls.records import record, replace
@@ -278,11 +278,12 @@ def wall_clock_layer(timeout_s: float) -> Layer:
 
 def open_view(prepared: Prepared, base: Path) -> ProjectView:
     """The run's copy of the project root, its folder and the extra writable folders."""
-    from torchls.probe.sandbox import bwrap_works
+    from torchls.probe.sandbox import bwrap_decision
 
-    options = prepared.resolved.options
-    linked = options.sandbox == "none" or not bwrap_works()[0]
-    return ProjectView.create(prepared.copied, base, linked=linked)
+    # Decided before anything is copied: a bubblewrap that is installed but fails refuses the
+    # run here (`SandboxRefused`), so no run ever starts with a weaker plan than asked for.
+    found = bwrap_decision(prepared.resolved.options.sandbox)
+    return ProjectView.create(prepared.copied, base, linked=found.state != "works")
 
 
 def disk_watch(project: ProjectView, budget_mb: int) -> Callable[[], str | None]:
@@ -344,10 +345,13 @@ def finish(
     output = dict(left.output)
     if output["bytes"] > request["output_cap_bytes"] and "note" not in output:
         output["note"] = "output past the cap bypassed Python (a C library or os.write)"
+    layer_json = [layer.to_json() for layer in layers]
     sandbox = {
-        "layers": [layer.to_json() for layer in layers],
+        "layers": layer_json,
         "degraded": [layer.name for layer in layers if not layer.held],
         "warnings": warnings,
+        # The report's first line when fewer than every protection held (None: all held).
+        "summary": protections_line(layer_json),
     }
     final: dict[str, Any] = {}
     for key, value in data.items():

@@ -24,6 +24,11 @@ the report. Layers:
   the child with its parent; the filesystem, home, disk and PID layers are then reported as not
   held.
 
+Fail closed (`bwrap_decision`): bubblewrap is tried for every run (a failed trial retried after
+a short pause, a pass remembered for a moment); installed but failing, the run is refused
+(`SandboxRefused`) unless `--sandbox none` asked for no sandbox. Only where it is not installed
+does `auto` run degraded, and `protections_line` says so first in every report.
+
 The probe needs POSIX rlimits, process groups and fork: `ensure_supported` turns their absence
 (Windows) into a `ReproUsageError` instead of an import error.
 """
@@ -40,6 +45,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from importlib.machinery import all_suffixes
 from pathlib import Path
@@ -212,13 +219,21 @@ def ensure_supported() -> None:
 
 
 _BWRAP_BASE = ("--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL")
+NOT_INSTALLED = "bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+BWRAP_TRIAL_TIMEOUT_S = 10
+# Pauses before the second and third trial: a loaded machine can fail one (a timeout, a clone
+# refused for a moment) and pass the next; a bubblewrap that cannot work fails all three.
+BWRAP_RETRY_S = (0.2, 0.5)
+BWRAP_PASS_TTL_S = 2.0
 
 
 def _bwrap_try(path: str, extra: tuple[str, ...]) -> str | None:
     """None when bubblewrap runs `true` with these options, else why not."""
     probe = [path, *_BWRAP_BASE, "--ro-bind", "/", "/", *extra, "--", "true"]
     try:
-        done = subprocess.run(probe, capture_output=True, timeout=10, check=False)
+        done = subprocess.run(
+            probe, capture_output=True, timeout=BWRAP_TRIAL_TIMEOUT_S, check=False
+        )
     except (OSError, subprocess.TimeoutExpired) as error:
         return f"bubblewrap failed to start: {error}"
     if done.returncode != 0:
@@ -227,32 +242,96 @@ def _bwrap_try(path: str, extra: tuple[str, ...]) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=1)
-def bwrap_works() -> tuple[bool, str]:
-    """Whether bubblewrap is installed and can create the namespaces we ask for, here."""
+@record(frozen=True)
+class Bwrap:
+    """What the trial of bubblewrap found for one run: `state` is "works" (`detail` is its
+    path), "fails" (installed at `path`, `detail` says why its last trial failed) or "absent"."""
+
+    state: str
+    detail: str
+    path: str | None = None
+    tries: int = 0
+
+
+# Only a trial that passed is remembered, and briefly: the steps of one run (its project view,
+# its plan, the tmpfs and user-namespace features) ask within milliseconds of each other. A
+# failure is never remembered: it was cached for the life of the process once, and one trial
+# that timed out on a loaded machine weakened every later run of the language server.
+_passed: dict[str, float] = {}
+_features: set[tuple[str, str]] = set()
+_memory = threading.Lock()
+
+
+def bwrap_state() -> Bwrap:
+    """Whether bubblewrap is installed and can create the namespaces we ask for, now. A failed
+    trial is retried after each pause of `BWRAP_RETRY_S` before the answer is "fails"."""
     path = shutil.which("bwrap")
     if path is None:
-        return False, "bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
-    problem = _bwrap_try(path, ())
-    return (False, problem) if problem else (True, path)
+        return Bwrap("absent", NOT_INSTALLED)
+    with _memory:
+        passed = _passed.get(path)
+    if passed is not None and time.monotonic() - passed < BWRAP_PASS_TTL_S:
+        return Bwrap("works", path, path)
+    problem = "?"
+    for tries, pause in enumerate((0.0, *BWRAP_RETRY_S), 1):
+        time.sleep(pause)
+        found = _bwrap_try(path, ())
+        if found is None:
+            with _memory:
+                _passed[path] = time.monotonic()
+            return Bwrap("works", path, path, tries)
+        problem = found
+    return Bwrap("fails", problem, path, tries)
 
 
-@functools.lru_cache(maxsize=1)
+def bwrap_works() -> tuple[bool, str]:
+    """(usable, bubblewrap's path or why not): `bwrap_state` for callers that only ask yes/no."""
+    found = bwrap_state()
+    return found.state == "works", found.detail
+
+
+def _bwrap_feature(name: str, extra: tuple[str, ...]) -> bool:
+    """Whether the working bubblewrap accepts `extra`; a yes is kept for that bubblewrap, a no
+    is asked again next time (a transient failure must not weaken later runs)."""
+    found = bwrap_state()
+    if found.state != "works" or found.path is None:
+        return False
+    key = (found.path, name)
+    with _memory:
+        if key in _features:
+            return True
+    if _bwrap_try(found.path, extra) is not None:
+        return False
+    with _memory:
+        _features.add(key)
+    return True
+
+
 def bwrap_sizes_tmpfs() -> bool:
     """Whether this bubblewrap can mount a size-limited tmpfs (`--size`, bubblewrap 0.7)."""
-    usable, path = bwrap_works()
-    if not usable:
-        return False
     extra = ("--dev", "/dev", "--perms", "1777", "--size", str(1 << 20), "--tmpfs", "/tmp")
-    return _bwrap_try(path, (*extra, "--remount-ro", "/dev")) is None
+    return _bwrap_feature("size", (*extra, "--remount-ro", "/dev"))
 
 
-@functools.lru_cache(maxsize=1)
 def bwrap_disables_userns() -> bool:
     """Whether this bubblewrap can forbid user namespaces inside (`--disable-userns`, 0.8):
     in one, a non-root user's code could map itself and mount a tmpfs of unbounded size."""
-    usable, path = bwrap_works()
-    return usable and _bwrap_try(path, ("--unshare-user", "--disable-userns")) is None
+    return _bwrap_feature("disable-userns", ("--unshare-user", "--disable-userns"))
+
+
+class SandboxRefused(ReproUsageError):
+    """bubblewrap is installed but failed its trial: the run is refused, never run weaker."""
+
+
+def refusal(found: Bwrap, mode: str) -> str:
+    """Why a run was refused, and the one way to run it without bubblewrap anyway."""
+    tries = f"{found.tries} trial{'s' if found.tries != 1 else ''}"
+    return (
+        f"sandbox refused (--sandbox {mode}): bubblewrap is installed ({found.path}) but failed "
+        f"{tries} ({found.detail}); the run was not started rather than run with weaker "
+        "isolation (the host's /tmp and home writable). Fix bubblewrap (it needs unprivileged "
+        "user namespaces), or opt out of the sandbox explicitly with --sandbox none"
+    )
 
 
 def secret_looking(name: str) -> bool:
@@ -372,9 +451,8 @@ def plan(
     if not network:
         # Hugging Face libraries would retry the network for every file: say it is off.
         env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    usable, detail = bwrap_works() if mode != "none" else (False, "disabled by request")
-    if mode == "bwrap" and not usable:
-        raise ReproUsageError(f"--sandbox bwrap: bubblewrap is not usable here: {detail}")
+    found = bwrap_decision(mode)
+    usable, detail = found.state == "works", found.detail
     cgroup = PidsCgroup.create(limits.max_processes)
     root = os.geteuid() == 0
     prefix: list[str] = []
@@ -438,6 +516,20 @@ def plan(
     )
 
 
+def bwrap_decision(mode: str) -> Bwrap:
+    """bubblewrap for a run in `mode` (auto|bwrap|none), tried now; `SandboxRefused` when it is
+    installed but fails (whatever the mode but none), `ReproUsageError` when `bwrap` asks for
+    it and it is absent. "absent" under auto is the degraded mode the report then names."""
+    if mode == "none":
+        return Bwrap("disabled", "disabled by request (--sandbox none)")
+    found = bwrap_state()
+    if found.state == "fails":
+        raise SandboxRefused(refusal(found, mode))
+    if mode == "bwrap" and found.state == "absent":
+        raise ReproUsageError(f"--sandbox bwrap: bubblewrap is not usable here: {found.detail}")
+    return found
+
+
 # -- wording: the report's layers -----------------------------------------------------------------
 
 
@@ -455,6 +547,22 @@ def describe_layers(decisions: Decisions, limits: Limits) -> list[Layer]:
     layers.append(_seccomp_layer(decisions.seccomp))
     layers.append(_project_layer(decisions, confined=decisions.view is not None))
     return layers
+
+
+def protections_line(layers: Iterable[Mapping[str, object]]) -> str | None:
+    """One line naming the active and the missing protections, for the first line of the
+    report and of the editor's notice; None when every layer held (the full set)."""
+    layers = list(layers)
+    missing = [str(layer.get("name")) for layer in layers if not layer.get("held")]
+    if not missing:
+        return None
+    active = ", ".join(str(layer.get("name")) for layer in layers if layer.get("held"))
+    bwrap = next((layer for layer in layers if layer.get("name") == "bubblewrap"), None)
+    if bwrap is not None and not bwrap.get("held"):
+        head = f"sandbox DEGRADED ({bwrap.get('detail')})"
+    else:
+        head = "sandbox: fewer protections than the full set"
+    return f"{head}: active: {active or 'nothing'}; NOT active: {', '.join(missing)}"
 
 
 def limit_layers(limits: Limits) -> list[Layer]:
