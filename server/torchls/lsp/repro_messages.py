@@ -39,6 +39,14 @@ def usage_failure(message: str, python: str, python_source: str) -> str:
         )
     if message.startswith("file not found"):
         return "torchls: the repro runs the file saved on disk, and there is none: save it first."
+    if message.startswith("sandbox refused"):
+        # The editor has no flag to pass: the opt-out is the CLI's, said as such.
+        message = message.replace(
+            "with --sandbox none",
+            "with `torchls repro --sandbox none FILE` in a terminal (no setting turns it off "
+            "in the editor)",
+        )
+        return f"torchls: the repro was refused: {message}."
     if "bubblewrap" in message:
         return f"torchls: the repro could not start: {message}. Install bubblewrap."
     message = re.sub(r"--(steps|timeout|memory|device)\b", r"torchls.probe.\1", message)
@@ -114,9 +122,10 @@ def limit_problem(data: dict[str, Any], file: str) -> str | None:
 
 
 def sandbox_problem(data: dict[str, Any]) -> str | None:
-    """Layers of the sandbox that did not hold, and how to get them."""
+    """Which protections were active when fewer than the full set held (the report's
+    `sandbox.summary` first), and how to get the rest; None when every layer held."""
     sandbox = data.get("sandbox") or {}
-    degraded = [str(name) for name in sandbox.get("degraded") or []]
+    degraded = [_plain(name, 40) for name in sandbox.get("degraded") or []]
     if not degraded:
         return None
     fix = (
@@ -125,6 +134,9 @@ def sandbox_problem(data: dict[str, Any]) -> str | None:
         if BWRAP_LAYERS.intersection(degraded)
         else ""
     )
+    summary = sandbox.get("summary")
+    if isinstance(summary, str) and summary:
+        return f"torchls: the repro ran with weaker isolation: {_plain(summary, 1000)}." + fix
     return (
         f"torchls: the repro ran with weaker isolation: {', '.join(degraded)} did not hold." + fix
     )
