@@ -252,6 +252,9 @@ class ReproController:
         # because the event loop keeps only weak references to tasks.
         self._detached: set[asyncio.Task[None]] = set()
         self._regions: dict[str, tuple[tuple[int | None, str], list[Region]]] = {}
+        # Why earlier runs had fewer protections than the full set: each cause is told once
+        # per session (a cold run and the warm worker word the same cause differently).
+        self._sandbox_told: set[str] = set()
 
     # -- the warm session --
 
@@ -487,7 +490,10 @@ class ReproController:
         for kind, text in messages.report_messages(data, path):
             self._show(text, kind)
         if (weaker := messages.sandbox_problem(data)) is not None:
-            self.server.warn_once(weaker)  # the same on every run: once per session is enough
+            cause = messages.sandbox_cause(data)
+            if cause not in self._sandbox_told:  # the same on every run: once per session
+                self._sandbox_told.add(cause)
+                self.server.warn_once(weaker)
         if unsaved:
             self._show(
                 f"torchls: the repro ran {name} as saved on disk; unsaved edits were not part of "

@@ -142,6 +142,17 @@ def sandbox_problem(data: dict[str, Any]) -> str | None:
     )
 
 
+def sandbox_cause(data: dict[str, Any]) -> str:
+    """What made a run's sandbox weaker, the same for a cold run and the warm worker: the
+    bubblewrap layer's state when it did not hold, else the layers that did not."""
+    sandbox = data.get("sandbox") or {}
+    layers = [layer for layer in sandbox.get("layers") or [] if isinstance(layer, dict)]
+    bwrap = next((layer for layer in layers if layer.get("name") == "bubblewrap"), None)
+    if bwrap is not None and not bwrap.get("held"):
+        return f"bubblewrap: {bwrap.get('detail')}"
+    return "layers: " + ", ".join(sorted(str(name) for name in sandbox.get("degraded") or []))
+
+
 def summary(data: dict[str, Any], file: str) -> str:
     """One line for the progress end and the log: what ran, where, how long, what it found."""
     progress = data.get("progress") or {}
