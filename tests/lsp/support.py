@@ -167,12 +167,18 @@ async def initialize(
     capabilities: str,
     initialization_options: Any = None,
     root: Path | None = None,
+    notebooks: bool = False,
 ) -> types.InitializeResult:
-    """`initialize` + `initialized` with the named client's real capabilities."""
+    """`initialize` + `initialized` with the named client's real capabilities (and, with
+    `notebooks`, LSP 3.17 notebook sync, as VS Code 1.74 and later announce it)."""
     params = types.InitializeParams(
         capabilities=client_capabilities(capabilities),
         initialization_options=initialization_options,
     )
+    if notebooks:
+        params.capabilities.notebook_document = types.NotebookDocumentClientCapabilities(
+            synchronization=types.NotebookDocumentSyncClientCapabilities()
+        )
     if root is not None:
         params.root_uri = from_fs_path(str(root))
         params.workspace_folders = [types.WorkspaceFolder(uri=params.root_uri, name=root.name)]
@@ -192,6 +198,7 @@ async def session(
     initialization_options: Any = None,
     configuration: Any = None,
     root: Path | None = None,
+    notebooks: bool = False,
 ) -> AsyncIterator[RecordingClient]:
     """A fresh server for tests that need their own settings."""
     client = make_client()
@@ -199,7 +206,7 @@ async def session(
     try:
         if configuration is not None:
             client.set_configuration(configuration, section="torchls")
-        await initialize(client, capabilities, initialization_options, root)
+        await initialize(client, capabilities, initialization_options, root, notebooks)
         yield client
     finally:
         await end_session(client)

@@ -27,12 +27,14 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import attrs
 from lsprotocol import types
 from pygls.capabilities import get_capability
 
 from torchls.analysis import Finding
 from torchls.analysis.fix_engine import fix_until_stable, is_safe
 from torchls.analysis.noqa import add_code_to_line
+from torchls.lsp.cells import NotebookText
 from torchls.lsp.commands import INSPECT_KIND, REPRO_KIND, SHOW_RULE_DOC
 from torchls.lsp.convert import SOURCE, to_diagnostics
 from torchls.lsp.documents import Outcome, Snapshot, selection_for
@@ -40,6 +42,7 @@ from torchls.lsp.positions import LineIndex
 from torchls.lsp.repro import announces_progress
 from torchls.lsp.server import TorchLanguageServer
 from torchls.lsp.settings import Settings
+from torchls.notebook import split_cells
 
 logger = logging.getLogger(__name__)
 
@@ -212,12 +215,136 @@ async def _fix_all_action(
     )
     if new_text == snapshot.source:
         return None
-    edit = minimal_edit(server.line_index(snapshot.source), new_text)
+    if snapshot.notebook is not None:
+        edit = _fix_all_cells(server, snapshot.notebook, new_text)
+        if edit is None:
+            return None
+    else:
+        text_edit = minimal_edit(server.line_index(snapshot.source), new_text)
+        edit = _workspace_edit(server, snapshot, [text_edit])
     return types.CodeAction(
-        title="Fix all safely fixable torchls problems",
-        kind=FIX_ALL_KIND,
-        edit=_workspace_edit(server, snapshot, [edit]),
+        title="Fix all safely fixable torchls problems", kind=FIX_ALL_KIND, edit=edit
     )
+
+
+def _fix_all_cells(
+    server: TorchLanguageServer, cells: NotebookText, new_text: str
+) -> types.WorkspaceEdit | None:
+    """The fixed module as one edit per cell that changes (IPython lines put back); None
+    when the fixes moved code across cells."""
+    sources = split_cells(cells.source, new_text)
+    if sources is None:
+        return None
+    per_cell: dict[str, list[types.TextEdit]] = {}
+    for uri, cell, source in zip(cells.uris, cells.source.cells, sources, strict=True):
+        if source != cell.source:
+            per_cell[uri] = [minimal_edit(server.line_index(cell.source), source)]
+    return _cell_workspace_edit(server, cells, per_cell) if per_cell else None
+
+
+def _cell_workspace_edit(
+    server: TorchLanguageServer, cells: NotebookText, per_cell: dict[str, list[types.TextEdit]]
+) -> types.WorkspaceEdit:
+    """Edits of several cells in the shape the client takes (see `_workspace_edit`)."""
+    if not get_capability(
+        server.client_capabilities, "workspace.workspace_edit.document_changes", False
+    ):
+        return types.WorkspaceEdit(changes=per_cell)
+    versions = dict(zip(cells.uris, cells.versions, strict=True))
+    return types.WorkspaceEdit(
+        document_changes=[
+            types.TextDocumentEdit(
+                text_document=types.OptionalVersionedTextDocumentIdentifier(
+                    uri=uri, version=versions.get(uri)
+                ),
+                edits=list(edits),
+            )
+            for uri, edits in per_cell.items()
+        ]
+    )
+
+
+async def _cell_actions(
+    server: TorchLanguageServer, params: types.CodeActionParams, notebook_uri: str
+) -> list[types.CodeAction] | None:
+    """Actions asked for in a notebook cell: those of the notebook's module at the same
+    place, their edits addressed to the cells they change. An action whose edits cross from
+    one cell into another is left out (no cell edit can make it)."""
+    cell_uri = params.text_document.uri
+    snapshot = server.docs.snapshot(notebook_uri)
+    if snapshot is None or snapshot.notebook is None:
+        return None
+    cells = snapshot.notebook
+    range_ = cells.to_module_range(cell_uri, params.range)
+    if range_ is None:
+        return None
+    originals: dict[int, types.Diagnostic] = {}
+    context = []
+    for diagnostic in params.context.diagnostics:
+        moved = cells.to_module_range(cell_uri, diagnostic.range)
+        if moved is None:
+            continue
+        translated = attrs.evolve(diagnostic, range=moved)
+        originals[id(translated)] = diagnostic
+        context.append(translated)
+    module_params = attrs.evolve(
+        params,
+        text_document=types.TextDocumentIdentifier(notebook_uri),
+        range=range_,
+        context=attrs.evolve(params.context, diagnostics=context),
+    )
+    actions = await _actions(server, module_params, snapshot)
+    if actions is None:
+        return None
+    mapped = []
+    for action in actions:
+        moved_action = _action_in_cells(server, cells, notebook_uri, action, originals)
+        if moved_action is not None:
+            mapped.append(moved_action)
+    return mapped or None
+
+
+def _action_in_cells(
+    server: TorchLanguageServer,
+    cells: NotebookText,
+    notebook_uri: str,
+    action: types.CodeAction,
+    originals: dict[int, types.Diagnostic],
+) -> types.CodeAction | None:
+    diagnostics = None
+    if action.diagnostics is not None:
+        diagnostics = []
+        for diagnostic in action.diagnostics:
+            if id(diagnostic) in originals:
+                diagnostics.append(originals[id(diagnostic)])
+            else:
+                split = cells.split_diagnostics(notebook_uri, [diagnostic])
+                diagnostics.extend(d for found in split.values() for d in found)
+    edit = action.edit
+    if edit is not None:
+        module_edits: list[types.TextEdit] = []
+        kept: dict[str, list[types.TextEdit]] = {}
+        for change in edit.document_changes or ():
+            if isinstance(change, types.TextDocumentEdit):
+                target = kept if change.text_document.uri != notebook_uri else None
+                if target is None:
+                    module_edits.extend(e for e in change.edits if isinstance(e, types.TextEdit))
+                else:
+                    kept.setdefault(change.text_document.uri, []).extend(
+                        e for e in change.edits if isinstance(e, types.TextEdit)
+                    )
+        for uri, edits in (edit.changes or {}).items():
+            if uri == notebook_uri:
+                module_edits.extend(edits)
+            else:
+                kept.setdefault(uri, []).extend(edits)
+        for module_edit in module_edits:
+            placed = cells.to_cell_edit(module_edit)
+            if placed is None:
+                return None
+            kept.setdefault(placed[0], []).append(placed[1])
+        edit = _cell_workspace_edit(server, cells, kept)
+    return attrs.evolve(action, diagnostics=diagnostics, edit=edit)
 
 
 async def code_actions(
@@ -226,8 +353,19 @@ async def code_actions(
     """All torchls actions for the requested range and kinds."""
     uri = params.text_document.uri
     await server.docs.wait_for_settings()
+    if (notebook_uri := server.docs.notebook_of(uri)) is not None:
+        return await _cell_actions(server, params, notebook_uri)
     snapshot = server.docs.snapshot(uri)
-    if snapshot is None or not server.settings.enable:
+    if snapshot is None:
+        return None
+    return await _actions(server, params, snapshot)
+
+
+async def _actions(
+    server: TorchLanguageServer, params: types.CodeActionParams, snapshot: Snapshot
+) -> list[types.CodeAction] | None:
+    """The actions of `code_actions` for one document's snapshot (a notebook's: its module)."""
+    if not server.settings.enable:
         return None
     only = [
         str(kind.value if hasattr(kind, "value") else kind) for kind in params.context.only or []

@@ -57,6 +57,9 @@ async def publish(server: TorchLanguageServer, results: Results) -> None:
             diagnostics = await layered_diagnostics(server, snapshot, diagnostics, related)
         if not _still_wanted(server, results):
             return
+        if snapshot.notebook is not None:
+            _publish_cells(server, results, diagnostics)
+            return
         server.text_document_publish_diagnostics(
             types.PublishDiagnosticsParams(
                 uri=snapshot.uri, version=snapshot.version, diagnostics=diagnostics
@@ -68,6 +71,27 @@ async def publish(server: TorchLanguageServer, results: Results) -> None:
         logger.exception("publishing diagnostics for %s failed", snapshot.uri)
 
 
+def _publish_cells(
+    server: TorchLanguageServer, results: Results, diagnostics: list[types.Diagnostic]
+) -> None:
+    """A notebook's diagnostics, one publish per code cell (an empty one clears a cell), and
+    an empty one for each cell that had some and is gone."""
+    snapshot, state = results.snapshot, results.state
+    assert snapshot.notebook is not None
+    cells = snapshot.notebook
+    split = cells.split_diagnostics(snapshot.uri, diagnostics)
+    for uri in state.published_cells:
+        if uri not in split:
+            server.text_document_publish_diagnostics(
+                types.PublishDiagnosticsParams(uri=uri, diagnostics=[])
+            )
+    for uri, version in zip(cells.uris, cells.versions, strict=True):
+        server.text_document_publish_diagnostics(
+            types.PublishDiagnosticsParams(uri=uri, version=version, diagnostics=split[uri])
+        )
+    state.published_cells = cells.uris
+
+
 def _still_wanted(server: TorchLanguageServer, results: Results) -> bool:
     """The same test the documents made before handing `results` on, made again after the
     layers' awaits, from the data the event carries (pygls holds the current text)."""
@@ -77,8 +101,7 @@ def _still_wanted(server: TorchLanguageServer, results: Results) -> bool:
     if not results.on_type:
         return True
     # An outdated version is never published: the request for the newer one does that.
-    document = server.workspace.get_text_document(snapshot.uri)
-    return document.version == snapshot.version and document.source == snapshot.source
+    return server.docs.is_current(snapshot)
 
 
 async def layered_diagnostics(
@@ -116,6 +139,8 @@ async def pull_diagnostics(
     """Answer `textDocument/diagnostic` for one document."""
     uri = params.text_document.uri
     await server.docs.wait_for_settings()
+    if (notebook_uri := server.docs.notebook_of(uri)) is not None:
+        return await _pull_cell(server, uri, notebook_uri)
     settings = server.settings
     state = server.docs.states.get(uri)
     if state is not None:
@@ -145,6 +170,35 @@ async def pull_diagnostics(
     items = await layered_diagnostics(server, snapshot, items, related)
     return types.FullDocumentDiagnosticReport(
         items=items,
+        result_id=f"{snapshot.version}:{server.settings_generation}:{server.repro_store.generation}",
+    )
+
+
+async def _pull_cell(
+    server: TorchLanguageServer, cell_uri: str, notebook_uri: str
+) -> types.FullDocumentDiagnosticReport:
+    """A pull for one cell: the notebook's module analysed (cached: the other cells' pulls of
+    the same version reuse it), this cell's part of its diagnostics."""
+    settings = server.settings
+    state = server.docs.states.get(notebook_uri)
+    snapshot = server.docs.snapshot(notebook_uri)
+    if state is not None and settings.run == "onSave" and state.saved is not None:
+        snapshot = state.saved
+    if snapshot is None or snapshot.notebook is None or not settings.enable:
+        return types.FullDocumentDiagnosticReport(items=[], result_id=None)
+    outcome = await server.docs.analyse(snapshot, cross_file=True)
+    if settings.run == "onType" and not server.docs.is_current(snapshot):
+        raise JsonRpcException(
+            message="notebook changed during analysis",
+            code=types.LSPErrorCodes.ServerCancelled.value,
+            data={"retriggerRequest": True},
+        )
+    related = _related_support(server, pull=True)
+    items = to_diagnostics(server, outcome, related)
+    items = await layered_diagnostics(server, snapshot, items, related)
+    split = snapshot.notebook.split_diagnostics(notebook_uri, items)
+    return types.FullDocumentDiagnosticReport(
+        items=split.get(cell_uri, []),
         result_id=f"{snapshot.version}:{server.settings_generation}:{server.repro_store.generation}",
     )
 

@@ -9,7 +9,11 @@ thread (cached per version, settings generation and state of the other files), a
 goes to the subscribers (`on_results`: the diagnostics feature converts and publishes it). No
 subscriber is called back for anything; what they need travels in the `Results` they get.
 
-In: LSP text-sync notifications, `refresh`/`refresh_all` requests from features. Out:
+A notebook (LSP 3.17 notebook sync) is one document here, keyed by its URI: its snapshot is
+its Python code cells as one module (`cells.notebook_text`), versioned by the notebook, so a
+cell edit re-checks it like an edit of one top-level statement of a file.
+
+In: LSP text- and notebook-sync notifications, `refresh`/`refresh_all` requests from features. Out:
 `Results` events, `Snapshot`s and `Outcome`s on request (code actions, hover, pull
 diagnostics), and `pull_refresh` events when the client pulls diagnostics.
 """
@@ -28,6 +32,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
+from urllib.parse import unquote
 
 from lsprotocol import types
 from pygls.uris import to_fs_path
@@ -39,6 +44,7 @@ from torchls.analysis.contracts import ContractTable
 from torchls.analysis.selection import RuleSelection
 from torchls.analysis.source import ParsedSource
 from torchls.config import config_or_defaults
+from torchls.lsp.cells import NotebookText, notebook_text
 from torchls.lsp.positions import UTF16
 from torchls.lsp.settings import Settings
 from torchls.project import ProjectView
@@ -108,11 +114,13 @@ class LspWorkspace(Workspace):
 
 @record(frozen=True)
 class Snapshot:
-    """The text of one document version, taken when a request for diagnostics arrived."""
+    """The text of one document version, taken when a request for diagnostics arrived. A
+    notebook's is its code cells as one module (`source`), with the cells in `notebook`."""
 
     uri: str
     version: int | None
     source: str
+    notebook: NotebookText | None = None
 
 
 @record(frozen=True)
@@ -158,6 +166,8 @@ class DocumentState:
     # Hover's loss contracts of one text (keyed by the text and the dependency generation):
     # built at the first hover of a version, a look-up for every hover after it.
     contracts: tuple[tuple[str, int], ContractTable | None] | None = None
+    # A notebook's: the cells diagnostics were last published to (cleared when it closes).
+    published_cells: tuple[str, ...] = ()
 
     def keep(self, task: asyncio.Task[None]) -> None:
         """Hold a reference until the task ends (the event loop only keeps weak ones)."""
@@ -238,6 +248,36 @@ class Documents:
         def did_close(ls: TorchLanguageServer, params: types.DidCloseTextDocumentParams) -> None:
             self.closed(params.text_document.uri)
 
+        # A notebook is one document here, keyed by its URI: its code cells are one module.
+        @server.feature(types.NOTEBOOK_DOCUMENT_DID_OPEN)
+        def notebook_open(
+            ls: TorchLanguageServer, params: types.DidOpenNotebookDocumentParams
+        ) -> None:
+            self.opened(params.notebook_document.uri)
+
+        @server.feature(types.NOTEBOOK_DOCUMENT_DID_CHANGE)
+        def notebook_change(
+            ls: TorchLanguageServer, params: types.DidChangeNotebookDocumentParams
+        ) -> None:
+            self.changed(params.notebook_document.uri)
+            if not self.push:
+                # A pull client re-pulls only the cell it edited, but an edit in one cell
+                # changes what the others report (a loss defined here, used there).
+                for listener in self.pull_refresh_listeners:
+                    listener()
+
+        @server.feature(types.NOTEBOOK_DOCUMENT_DID_SAVE)
+        def notebook_save(
+            ls: TorchLanguageServer, params: types.DidSaveNotebookDocumentParams
+        ) -> None:
+            self.saved(params.notebook_document.uri)
+
+        @server.feature(types.NOTEBOOK_DOCUMENT_DID_CLOSE)
+        def notebook_close(
+            ls: TorchLanguageServer, params: types.DidCloseNotebookDocumentParams
+        ) -> None:
+            self.closed(params.notebook_document.uri)
+
     def opened(self, uri: str) -> None:
         if (old := self.states.get(uri)) is not None:
             old.closed = True
@@ -263,9 +303,11 @@ class Documents:
             state.cancel_all()
             self._forget_document(uri)
         if self.push:
-            self.server.text_document_publish_diagnostics(
-                types.PublishDiagnosticsParams(uri=uri, diagnostics=[])
-            )
+            cleared = state.published_cells if state is not None else ()
+            for target in cleared or (uri,):
+                self.server.text_document_publish_diagnostics(
+                    types.PublishDiagnosticsParams(uri=target, diagnostics=[])
+                )
 
     def _forget_document(self, uri: str) -> None:
         """A closed document keeps nothing: its parse tree (reused only by the next edit's
@@ -306,15 +348,35 @@ class Documents:
         """The current text of an open document, or None when it is not open."""
         if uri not in self.states:
             return None
-        document = self.server.workspace.get_text_document(uri)
+        workspace = self.server.workspace
+        notebook = workspace.get_notebook_document(notebook_uri=uri)
+        if notebook is not None:
+            cells = notebook_text(notebook, self._cell_text)
+            return Snapshot(uri, notebook.version, cells.text, cells)
+        document = workspace.get_text_document(uri)
         return Snapshot(uri, document.version, document.source)
+
+    def _cell_text(self, uri: str) -> tuple[str, int | None, str | None] | None:
+        document = self.server.workspace.text_documents.get(unquote(uri))
+        if document is None:
+            return None
+        return document.source, document.version, document.language_id
 
     def is_current(self, snapshot: Snapshot) -> bool:
         """Whether `snapshot` still is the document's text."""
-        if snapshot.uri not in self.states:
-            return False
-        document = self.server.workspace.get_text_document(snapshot.uri)
-        return document.version == snapshot.version and document.source == snapshot.source
+        current = self.snapshot(snapshot.uri)
+        return (
+            current is not None
+            and current.version == snapshot.version
+            and current.source == snapshot.source
+        )
+
+    def notebook_of(self, uri: str) -> str | None:
+        """The URI of the open notebook whose cell `uri` is, or None (not a cell)."""
+        notebook = self.server.workspace.get_notebook_document(cell_uri=uri)
+        if notebook is None or notebook.uri not in self.states:
+            return None
+        return notebook.uri
 
     def paths_of(self, uri: str) -> tuple[str | None, str | None]:
         """(the document's file path, where to look for `pyproject.toml` from). Documents

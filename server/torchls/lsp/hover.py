@@ -1,6 +1,7 @@
 """Hover: the static contract of the loss under the cursor, and the last repro's trace.
 
-In: `textDocument/hover` at an LSP position. Out: Markdown from the document version's
+In: `textDocument/hover` at an LSP position (in a notebook cell: the same place in the
+notebook's module). Out: Markdown from the document version's
 `torchls.analysis.loss_contracts` table (built at its first hover) when the cursor is on a
 loss, and from the hover layers other features subscribe on the server (the repro's, when the
 last repro traced the line or the value under the cursor; both, one after the other, when
@@ -37,12 +38,22 @@ def _contracts(source: str, filename: str, workspace: CachedView | None) -> Cont
 async def hover(server: TorchLanguageServer, params: types.HoverParams) -> types.Hover | None:
     """The loss contract and the repro trace at `params.position`, or None."""
     await server.docs.wait_for_settings()
-    snapshot = server.docs.snapshot(params.text_document.uri)
+    uri, position = params.text_document.uri, params.position
+    if (notebook_uri := server.docs.notebook_of(uri)) is not None:
+        # In a cell: the same place in the notebook's module (a markdown cell has none).
+        snapshot = server.docs.snapshot(notebook_uri)
+        cells = snapshot.notebook if snapshot is not None else None
+        moved = cells.to_module_position(uri, position) if cells is not None else None
+        if moved is None:
+            return None
+        position = moved
+    else:
+        snapshot = server.docs.snapshot(uri)
     if snapshot is None or not server.settings.enable:
         return None
     if len(snapshot.source) > MAX_DOCUMENT_CHARS:
         return None
-    row, column = server.line_index(snapshot.source).from_position(params.position)
+    row, column = server.line_index(snapshot.source).from_position(position)
     table = await _table_for(server, snapshot)
     markdown = table.markdown_at(row, column) if table is not None else None
     # What other features add (the repro's traced tensors), subscribed on the server.

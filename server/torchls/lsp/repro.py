@@ -53,6 +53,7 @@ from pygls.capabilities import get_capability
 from pygls.exceptions import JsonRpcInvalidParams
 from pygls.uris import to_fs_path
 
+from torchls.analysis.source import split_lines
 from torchls.lsp import plaintext
 from torchls.lsp import repro_messages as messages
 from torchls.lsp.commands import CLEAR_REPRO, REPRO_KIND, RUN_REPRO  # names other features offer
@@ -366,14 +367,13 @@ class ReproController:
         return self._conclude(request, path, outcome, active, progress, unsaved, detached)
 
     def _unsaved(self, uri: str, path: str) -> bool:
-        """Whether the open document differs from the file the run will execute."""
-        if uri not in self.server.documents:
+        """Whether the open document (a notebook: its code cells) differs from the file the
+        run will execute."""
+        snapshot = self.server.docs.snapshot(uri)
+        if snapshot is None:
             return False
-        try:
-            on_disk = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            return False
-        return self.server.workspace.get_text_document(uri).source != on_disk
+        on_disk = read_baseline(path)
+        return on_disk is not None and split_lines(snapshot.source) != on_disk
 
     def project_root(self, path: str) -> Path:
         """The project the file belongs to: the innermost workspace folder holding it (lines

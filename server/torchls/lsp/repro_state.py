@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from torchls.analysis.source import split_lines
-from torchls.probe.sources import ProjectSources
+from torchls.probe.sources import ProjectSources, source_lines
 from torchls.records import field, record
 
 
@@ -207,10 +207,10 @@ def _fs_path(uri: str) -> str | None:
 
 def _read_lines(path: str) -> list[str] | None:
     try:
-        with open(path, encoding="utf-8", newline="") as handle:
-            return split_lines(handle.read())
-    except (OSError, UnicodeDecodeError):
+        data = Path(path).read_bytes()
+    except OSError:
         return None
+    return source_lines(path, data)
 
 
 def read_baseline(path: str | Path) -> list[str] | None:

@@ -63,11 +63,30 @@ SettingsListener = Callable[[], None]
 HoverLayer = Callable[[Snapshot, int, int], Awaitable[str | None]]
 
 
+NOTEBOOK_SYNC = types.NotebookDocumentSyncOptions(
+    notebook_selector=[
+        types.NotebookDocumentFilterWithNotebook(
+            notebook=kind, cells=[types.NotebookCellLanguage(language="python")]
+        )
+        for kind in ("jupyter-notebook", "interactive")
+    ],
+    save=True,
+)
+"""Jupyter notebooks and VS Code's interactive window, their Python cells: announced only to
+clients that say they sync notebooks. Named, not left open: a selector without `notebook` is
+valid LSP but lsprotocol (so every pygls-based client) cannot read it back."""
+
+
 class TorchLanguageServer(LanguageServer):
     """A `LanguageServer` that knows torchls settings and keeps per-document state."""
 
     def __init__(self) -> None:
-        super().__init__("torchls", __version__, protocol_cls=TorchProtocol)
+        super().__init__(
+            "torchls",
+            __version__,
+            protocol_cls=TorchProtocol,
+            notebook_document_sync=NOTEBOOK_SYNC,
+        )
         self.settings = Settings()
         self.settings_generation = 0
         self.settings_ready = asyncio.Event()

@@ -12,6 +12,7 @@ Out: a file's lines, or None. A file is read only if it is
   not under /proc, /dev or /sys, at most `MAX_FILE_BYTES`, and among the first `MAX_FILES`
   distinct files asked for.
 
+A notebook's lines are those of its code cells read as one module, the rows its run reports.
 Each file is read once per `ProjectSources` (one per run) and kept, so a refresh never goes back
 to the disk. Everything else is shown without source lines.
 """
@@ -22,6 +23,7 @@ import os
 from pathlib import Path
 
 from torchls.analysis.source import split_lines
+from torchls.notebook import NotebookError, read_notebook
 from torchls.probe.scratch import Unreadable, read_regular
 
 MAX_FILE_BYTES = 2 << 20
@@ -95,6 +97,17 @@ def _read(path: str) -> list[str] | None:
         data = read_regular(Path(path), MAX_FILE_BYTES)
     except (Unreadable, OSError):
         return None
+    return source_lines(path, data)
+
+
+def source_lines(path: str, data: bytes) -> list[str] | None:
+    """The lines a report's rows count in: a file's text, or, for a notebook, its code cells
+    as the one module the run executed (`torchls.notebook`); None when undecodable."""
+    if path.endswith(".ipynb"):
+        try:
+            return split_lines(read_notebook(data).text)
+        except NotebookError:
+            return None
     try:
         return split_lines(data.decode("utf-8"))
     except UnicodeDecodeError:
