@@ -457,6 +457,18 @@ class ReproScript:
     found_loop: bool
 
 
+def script_json(script: ReproScript) -> dict[str, Any]:
+    """How a repro report says where a notebook's rows are (its `target.notebook`): each code
+    cell that ran with the report row of its first line and its line count, and the last."""
+    cells = script.notebook.map
+    ran = [
+        {"cell": number, "first_line": start, "lines": length}
+        for number, start, length in zip(cells.numbers, cells.starts, cells.lengths, strict=True)
+        if number <= script.through
+    ]
+    return {"cells": ran, "through": script.through, "found_loop": script.found_loop}
+
+
 def repro_script(data: bytes, filename: str) -> ReproScript:
     """The script a bounded repro of the notebook in `data` runs; raises `NotebookError` for
     a file that is not a notebook or has no Python code cell."""

@@ -18,6 +18,7 @@ from tests.probe.support import codes
 from torchls.notebook import read_notebook
 from torchls.probe import ReproOptions, ReproUsageError, run_repro
 from torchls.probe.prepare import prepare
+from torchls.probe.text import render
 
 # A cell after the training one: it must never run.
 AFTER = ("code", "open('after-the-training-cell.txt', 'w').write('ran')\nraise SystemExit(7)\n")
@@ -58,6 +59,16 @@ def test_cells_through_the_training_one_run_and_findings_land_on_the_notebook(
     written = " ".join(str(entry) for entry in report.data.get("written") or [])
     assert "after-the-training-cell" not in written and "shell-line-ran" not in written
     assert report.data["exception"] is None
+    # The report says where each cell that ran is, and the text report places rows in cells.
+    block = report.data["target"]["notebook"]
+    assert block["through"] == 6 and block["found_loop"] is True
+    assert [c["cell"] for c in block["cells"]] == [2, 3, 4, 5, 6]
+    for entry in block["cells"]:
+        assert cell_map.module_row(entry["cell"], 1) == entry["first_line"]
+    text = render(report, cwd=str(project))
+    cell, line = cell_map.locate(found[0].line)
+    assert f"train.ipynb:cell {cell}:{line}:{found[0].column}" in text
+    assert f"train.ipynb:{found[0].line}:" not in text  # no module row is shown as a line
 
 
 def test_a_notebook_that_never_trains_runs_every_code_cell(project: Path, device: str | None):

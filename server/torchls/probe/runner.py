@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from torchls.notebook import script_json
 from torchls.probe import causes, untrusted
 from torchls.probe.options import ReproOptions, ReproUsageError
 from torchls.probe.prepare import Prepared, prepare
@@ -324,6 +325,8 @@ def record_writes(report: ReproReport, prepared: Prepared, project: ProjectView)
             written["keep_problems"] = problems[:20]
     report.data["written"] = written
     report.data.setdefault("notes", []).extend(prepared.notes)
+    if prepared.notebook is not None and isinstance(report.data.get("target"), dict):
+        report.data["target"]["notebook"] = script_json(prepared.notebook)
     causes.explain(report, prepared, project)
 
 

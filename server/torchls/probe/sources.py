@@ -19,11 +19,12 @@ to the disk. Everything else is shown without source lines.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
 from torchls.analysis.source import split_lines
-from torchls.notebook import NotebookError, read_notebook
+from torchls.notebook import CellMap, NotebookError, read_notebook
 from torchls.probe.scratch import Unreadable, read_regular
 
 MAX_FILE_BYTES = 2 << 20
@@ -49,6 +50,7 @@ class ProjectSources:
         # Files the host itself named (the target), readable even outside the root.
         self._allow = {os.path.realpath(path) for path in allow}
         self._cache: dict[str, list[str] | None] = {}
+        self._cells: dict[str, CellMap | None] = {}
 
     def allowed(self, filename: object) -> str | None:
         """The normalised path of `filename` if it may be read at all, else None."""
@@ -83,6 +85,19 @@ class ProjectSources:
             found = _read(path)
         self._cache[path] = found
         return found
+
+    def cells(self, filename: object) -> CellMap | None:
+        """A notebook's cell map (its rows → cell and line), under the same rules as `lines`;
+        None for any other file."""
+        path = self.allowed(filename)
+        if path is None or not path.endswith(".ipynb"):
+            return None
+        if path not in self._cells:
+            found = None
+            with contextlib.suppress(Unreadable, OSError, NotebookError):
+                found = read_notebook(read_regular(Path(path), MAX_FILE_BYTES)).map
+            self._cells[path] = found
+        return self._cells[path]
 
     def line(self, filename: object, row: object) -> str:
         """Line `row` (1-based) of `filename`, or "" when unknown."""

@@ -28,18 +28,19 @@ def render(report: ReproReport, cwd: str | None = None) -> str:
     base = cwd or os.getcwd()
     sources = ProjectSources(report.root, allow=report.allow)
     out: list[str] = []
-    out += _header(data, base)
+    places = Places(base, sources)
+    out += _header(data, places)
     out += _sandbox(data)
     out += _setup_error(data)
-    out += _first_nonfinite(data, base, sources)
+    out += _first_nonfinite(data, places, sources)
     out += _parameters(data)
-    out += _contracts(data, base, sources)
-    out += _exception(data, base, sources)
-    out += _findings(data, base)
-    out += _ranks(data, base)
-    out += _table(data, base)
+    out += _contracts(data, places, sources)
+    out += _exception(data, places, sources)
+    out += _findings(data, places)
+    out += _ranks(data, places)
+    out += _table(data, places)
     out += _output(data)
-    out += _written(data, base)
+    out += _written(data, places)
     out += _notes(data)
     count = len(data.get("findings") or [])
     if report.setup_error is None:
@@ -58,7 +59,25 @@ def _rel(path: str | None, base: str) -> str:
     return path if relative.startswith("..") else relative
 
 
-def _header(data: dict[str, Any], base: str) -> list[str]:
+class Places:
+    """Where a report location is, as the user reads the file: `path:line[:column]`, and in a
+    notebook `path:cell N:line[:column]` with the line counted in the cell (the run's rows are
+    those of its code cells read as one module)."""
+
+    def __init__(self, base: str, sources: ProjectSources) -> None:
+        self.base = base
+        self.sources = sources
+
+    def at(self, filename: Any, line: Any, column: Any = None) -> str:
+        where = _rel(filename, self.base)
+        cells = self.sources.cells(filename) if isinstance(line, int) else None
+        if cells is not None:
+            cell, line = cells.locate(line)
+            where = f"{where}:cell {cell}"
+        return f"{where}:{line}" + (f":{column}" if column is not None else "")
+
+
+def _header(data: dict[str, Any], places: Places) -> list[str]:
     target = data.get("target") or {}
     status = data.get("status", "?")
     stopped = {
@@ -94,7 +113,7 @@ def _header(data: dict[str, Any], base: str) -> list[str]:
     wall = timing.get("server_wall_s")
     runner = timing.get("runner", "")
     when = f" ({runner}, {wall:.2f} s)" if isinstance(wall, (int, float)) else ""
-    lines = [f"torchls repro {_rel(target.get('file'), base)}: {status}, {stopped}{when}"]
+    lines = [f"torchls repro {_rel(target.get('file'), places.base)}: {status}, {stopped}{when}"]
     device = data.get("device") or {}
     observed = ", ".join(device.get("observed") or []) or "none"
     resolved = device.get("resolved") or "unresolved"
@@ -132,7 +151,8 @@ def _caret(
     text = untrusted.terminal(sources.line(filename, line))
     if not text:
         return [f"  {note}"]
-    number = str(line)
+    cells = sources.cells(filename)
+    number = str(cells.locate(line)[1] if cells is not None else line)  # a notebook: cell line
     gutter = " " * len(number)
     width = max(1, end_column - column)
     return [
@@ -155,14 +175,14 @@ _QUIET_ORIGINS = {
 }
 
 
-def _first_nonfinite(data: dict[str, Any], base: str, sources: ProjectSources) -> list[str]:
+def _first_nonfinite(data: dict[str, Any], places: Places, sources: ProjectSources) -> list[str]:
     nonfinite = data.get("nonfinite") or {}
     events = nonfinite.get("events") or []
     if not events:
         return []
     first = next((f for f in data.get("findings") or [] if f.get("code") == "TL901"), None)
     event = _event_by_index(data, nonfinite.get("first")) or events[0]
-    where = f"{_rel(event['filename'], base)}:{event['line']}:{event['column']}"
+    where = f"{places.at(event['filename'], event['line'], event['column'])}"
     lines = ["", f"first non-finite value: {event['phase']}, {where}"]
     note = first["message"].split(": ", 1)[-1] if first else event["op"]
     if first is None and event.get("origin") in _QUIET_ORIGINS:
@@ -173,14 +193,14 @@ def _first_nonfinite(data: dict[str, Any], base: str, sources: ProjectSources) -
     chain = [_event_by_index(data, i) for i in nonfinite.get("chain") or []]
     chain = [e for e in chain if e is not None]
     if len(chain) > 1:
-        hops = [f"{_rel(e['filename'], base)}:{e['line']} {e['op']} ({e['origin']})" for e in chain]
+        hops = [f"{places.at(e['filename'], e['line'])} {e['op']} ({e['origin']})" for e in chain]
         lines.append("  chain: " + " -> ".join(hops))
     for phase in ("backward", "step"):
         later = next((e for e in events if e["phase"] == phase), None)
         if later is not None:
             what = later.get("detail") or later["op"]
             lines.append(
-                f"  first in {phase}: {_rel(later['filename'], base)}:{later['line']} {what} "
+                f"  first in {phase}: {places.at(later['filename'], later['line'])} {what} "
                 f"({later['origin']})"
             )
     return lines
@@ -200,13 +220,13 @@ def _parameters(data: dict[str, Any]) -> list[str]:
     return ["", *lines] if lines else []
 
 
-def _contracts(data: dict[str, Any], base: str, sources: ProjectSources) -> list[str]:
+def _contracts(data: dict[str, Any], places: Places, sources: ProjectSources) -> list[str]:
     found = [f for f in data.get("findings") or [] if f.get("code") == "TL903"]
     if not found:
         return []
     lines = ["", "contract violations:"]
     for item in found:
-        where = f"{_rel(item['filename'], base)}:{item['line']}:{item['column']}"
+        where = f"{places.at(item['filename'], item['line'], item['column'])}"
         lines.append(f"  {where}: {item['message']}")
         lines += [
             "  " + text
@@ -217,11 +237,11 @@ def _contracts(data: dict[str, Any], base: str, sources: ProjectSources) -> list
     return lines
 
 
-def _exception(data: dict[str, Any], base: str, sources: ProjectSources) -> list[str]:
+def _exception(data: dict[str, Any], places: Places, sources: ProjectSources) -> list[str]:
     exception = data.get("exception") or {}
     if exception.get("kind") not in ("user", "limit") or not exception.get("filename"):
         return []
-    where = f"{_rel(exception['filename'], base)}:{exception['line']}:{exception['column']}"
+    where = f"{places.at(exception['filename'], exception['line'], exception['column'])}"
     lines = ["", f"exception: {exception['type']} at {where}"]
     note = str(exception.get("message", "")).strip().splitlines()
     lines += _caret(
@@ -235,7 +255,7 @@ def _exception(data: dict[str, Any], base: str, sources: ProjectSources) -> list
     return lines
 
 
-def _findings(data: dict[str, Any], base: str) -> list[str]:
+def _findings(data: dict[str, Any], places: Places) -> list[str]:
     found = data.get("findings") or []
     if not found:
         return []
@@ -245,16 +265,16 @@ def _findings(data: dict[str, Any], base: str) -> list[str]:
         return []
     lines = ["", "findings:"]
     for item in found:
-        where = f"{_rel(item['filename'], base)}:{item['line']}:{item['column']}"
+        where = f"{places.at(item['filename'], item['line'], item['column'])}"
         lines.append(f"  {where}: {item['code']} [{item['severity']}] {item['message']}")
         for related in item.get("related") or []:
             lines.append(
-                f"      {_rel(related['filename'], base)}:{related['line']}: {related['message']}"
+                f"      {places.at(related['filename'], related['line'])}: {related['message']}"
             )
     return lines
 
 
-def _ranks(data: dict[str, Any], base: str) -> list[str]:
+def _ranks(data: dict[str, Any], places: Places) -> list[str]:
     """A distributed repro: the ranks, how each ended, and the stacks taken at a hang."""
     block = data.get("distributed")
     if not isinstance(block, dict) or not block.get("ranks"):
@@ -277,13 +297,13 @@ def _ranks(data: dict[str, Any], base: str) -> list[str]:
         lines.append(f"  rank {rank.get('rank')}: {rank.get('status')}, {how}{count}")
     for stack in block.get("stacks") or []:
         where = stack.get("where") or {}
-        at = f" at {_rel(where.get('filename'), base)}:{where.get('line')}" if where else ""
+        at = f" at {places.at(where.get('filename'), where.get('line'))}" if where else ""
         lines.append(
             f"  rank {stack.get('rank')} at the {stack.get('reason')}: {stack.get('state')}{at}"
         )
         for frame in (stack.get("frames") or [])[-8:]:
             lines.append(
-                f"      {_rel(frame.get('filename'), base)}:{frame.get('line')} "
+                f"      {places.at(frame.get('filename'), frame.get('line'))} "
                 f"in {frame.get('function')}"
             )
     return lines
@@ -293,7 +313,7 @@ def _shape(output: dict[str, Any]) -> str:
     return "[" + ", ".join(str(d) for d in output.get("shape", [])) + "]"
 
 
-def _table(data: dict[str, Any], base: str) -> list[str]:
+def _table(data: dict[str, Any], places: Places) -> list[str]:
     rows = []
     for record in data.get("lines") or []:
         for entry in record.get("entries") or []:
@@ -309,7 +329,7 @@ def _table(data: dict[str, Any], base: str) -> list[str]:
             differs = " *" if (record.get("ranks") or {}).get("differ") else ""
             rows.append(
                 (
-                    f"{_rel(record['filename'], base)}:{record['line']}{differs}",
+                    f"{places.at(record['filename'], record['line'])}{differs}",
                     entry.get("op", ""),
                     _shape(first) + (f" +{len(outputs) - 1}" if len(outputs) > 1 else ""),
                     str(first.get("dtype", "")),
@@ -334,7 +354,7 @@ def _table(data: dict[str, Any], base: str) -> list[str]:
     return lines
 
 
-def _written(data: dict[str, Any], base: str) -> list[str]:
+def _written(data: dict[str, Any], places: Places) -> list[str]:
     """What the run wrote into the project's copy (thrown away, unless --keep-outputs)."""
     written = data.get("written") or {}
     files = written.get("files") or []
@@ -346,11 +366,11 @@ def _written(data: dict[str, Any], base: str) -> list[str]:
     lines = ["", f"wrote {len(files)} file{'s' if len(files) != 1 else ''} ({where}):"]
     for item in files[:20]:
         size = "link" if item.get("kind") == "link" else _bytes(int(item.get("bytes") or 0))
-        lines.append(f"  {_rel(item.get('path'), base)}  {size}")
+        lines.append(f"  {_rel(item.get('path'), places.base)}  {size}")
     if len(files) > 20 or written.get("truncated"):
         lines.append("  ... more in the JSON report")
     for path in removed[:5]:
-        lines.append(f"  removed {_rel(path, base)} (in the copy only)")
+        lines.append(f"  removed {_rel(path, places.base)} (in the copy only)")
     return lines
 
 
