@@ -6,7 +6,8 @@ user's home readable from the sandbox (also through a spec naming a file outside
 a flat-layout editable install in the home not importable, writes bounded per file but not in
 total (and the capabilities a warm run held in its own user namespace, which could get around
 that bound), a /dev/shm too small for DataLoader batches, a process limit reported on macOS but
-not applied, and a traceback where the platform is not supported. A failure stays bounded: runs
+not applied, a traceback where the platform is not supported, and one failed bubblewrap trial
+that weakened every later run of the process. A failure stays bounded: runs
 that used to hang or exhaust memory go through a separate "server" process under an
 address-space limit and a wall-clock cut-off (`run_capped`).
 """
@@ -912,3 +913,43 @@ def test_staged_probe_is_read_only_on_the_host(tmp_path: Path) -> None:
     finally:
         folder.remove()
     assert not folder.root.exists()
+
+
+# == failing open =================================================================================
+
+
+def test_one_failed_bubblewrap_trial_no_longer_weakens_every_later_run(
+    monkeypatch, tmp_path: Path
+) -> None:
+    """`bwrap_works` ran its trial once per process (lru_cache): one trial that failed (a
+    10 s timeout on a loaded machine) dropped every later run of that process, the language
+    server's forever, to limits only, the host's /tmp and home writable. Now a failure is
+    retried and never remembered, and a plan under `auto` refuses rather than run weaker."""
+    from torchls.probe import sandbox
+
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\nexit 0\n", encoding="utf-8")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(sandbox, "BWRAP_RETRY_S", (0.0, 0.0))
+    outcomes = iter(["timed out", None])  # fails once, then works
+    monkeypatch.setattr(sandbox, "_bwrap_try", lambda path, extra: next(outcomes))
+    found = sandbox.bwrap_state()
+    assert (found.state, found.tries, found.path) == ("works", 2, str(fake))
+
+    monkeypatch.setattr(sandbox, "_bwrap_try", lambda path, extra: "still failing")
+    monkeypatch.setattr(sandbox, "_passed", {})  # past the moment a pass is remembered
+    limits = sandbox.limits_for(1024, 10.0, 16, 64, "cpu")
+    for mode in ("auto", "bwrap"):
+        with pytest.raises(sandbox.SandboxRefused, match="--sandbox none"):
+            sandbox.plan(
+                python=Path(sys.executable),
+                probe_dir=tmp_path,
+                scratch=tmp_path,
+                cwd=tmp_path,
+                read_paths=[],
+                limits=limits,
+                mode=mode,
+            )
+    monkeypatch.setattr(sandbox, "_bwrap_try", lambda path, extra: None)
+    assert sandbox.bwrap_state().state == "works"  # the failures were not remembered
