@@ -198,10 +198,22 @@ def _tl909(
             "gradients); if a model per rank is what you want, add `# noqa: TL909` to this line"
         )
     seeds = _seed_difference(records)
-    if seeds is not None:
-        related.append(seeds)
-        if kind == "trained" and label.startswith("before"):
+    built = _loc(model.get("built"))
+    if label.startswith("before") and kind != "ddp":
+        # Different before any step: the cause is where the replicas were made, not where
+        # they are used. A per-rank seed, else the construction that nothing broadcast after.
+        used = where
+        if seeds is not None:
+            where = seeds[0]
             why += "; the ranks were seeded differently, so they start from different weights"
+        elif built is not None:
+            where = built
+            why += "; each rank builds its own initial weights here and none are broadcast"
+        if built is not None and built.key() != where.key():
+            related.append((built, f"{model['type']} built here, on every rank"))
+        related.append((used, f"{model['type']} first used here"))
+    elif seeds is not None:
+        related.append(seeds)
     subject = f"{model['type']}.{name}"
     message = f"{subject} differs between ranks {a['rank']} and {b['rank']} {when}{amount}: {why}"
     return finding("TL909", "rank-divergence", "error", where, message, related)

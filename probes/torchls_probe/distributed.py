@@ -166,6 +166,9 @@ class Distributed:
         self.provisional = False
         self.ddp_lines: dict[int, Location | None] = {}
         self.synced: dict[int, Location | None] = {}  # id(model) -> a collective on its tensors
+        # id(parameter) -> the user line that built the model holding it (TL909's cause when
+        # the replicas differ from the start: built per rank, never broadcast).
+        self.built: dict[int, Location] = {}
         self.boundaries: list[dict[str, Any]] = []
         self.seeds: list[dict[str, Any]] = []
         self.saves: list[dict[str, Any]] = []
@@ -226,6 +229,9 @@ class Distributed:
         handles = [
             register_optimizer_step_pre_hook(self._step_pre),
             register_optimizer_step_post_hook(self._step_post),
+            torch.nn.modules.module.register_module_parameter_registration_hook(
+                self._parameter_made
+            ),
         ]
         before, after = trace.before_backward, trace.after_backward
         trace.before_backward = self._before_backward(before)
@@ -510,6 +516,24 @@ class Distributed:
 
     # -- replicas -----------------------------------------------------------------------------
 
+    def _parameter_made(self, module: Any, name: str, param: Any) -> None:
+        """A parameter registered: remember the user line whose call built the outermost module
+        under construction (`model = Net()`, not `self.fc = nn.Linear(...)` inside it)."""
+        if param is None or len(self.built) >= 4096 or self.trace is None or self.trace.busy:
+            return
+        frame = sys._getframe(1)
+        site = None
+        while frame is not None:
+            if frame.f_code.co_name == "__init__" and isinstance(
+                frame.f_locals.get("self"), torch.nn.Module
+            ):
+                site = None  # a module's constructor: the builder is further out
+            elif site is None and self.user.filename(frame.f_code) is not None:
+                site = frame
+            frame = frame.f_back
+        if site is not None:
+            self.built[id(param)] = self.user.location(site)
+
     def _step_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.trace.steps == 0 and not self.boundaries:
             self._digest("before the first optimizer step")
@@ -568,6 +592,9 @@ class Distributed:
                     "signature": signature,
                     "first_call": _where_json(self.roots.first_call.get(id(model))),
                     "synced_at": _where_json(sync_where),
+                    "built": _where_json(
+                        next((self.built[id(p)] for p in params if id(p) in self.built), None)
+                    ),
                 }
             )
         return records

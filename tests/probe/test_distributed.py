@@ -81,13 +81,36 @@ import torch.nn as nn
 
 dist.init_process_group("gloo")
 torch.manual_seed(dist.get_rank())  # <- seed
-layer = nn.Linear(3, 2)
+layer = nn.Linear(3, 2)  # <- built
 sgd = torch.optim.SGD(layer.parameters(), lr=0.05)
 for step in range(3):
     loss = layer(torch.randn(4, 3)).square().mean(){noqa}  # <- call
     sgd.zero_grad()
     loss.backward()
     sgd.step()
+"""
+
+# Replicas seeded per rank, built without DDP and never broadcast, gradients all-reduced by
+# hand: the steps agree, the starting points never did.
+HAND_ALL_REDUCE = """\
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(1234 + rank)  # <- seed
+net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))  # <- built
+opt = torch.optim.SGD(net.parameters(), lr=0.05)
+torch.manual_seed(0)
+for step in range(3):
+    loss = net(torch.randn(4, 3)).square().mean()  # <- call
+    opt.zero_grad()
+    loss.backward()
+    for p in net.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= dist.get_world_size()
+    opt.step()
 """
 
 NO_SET_EPOCH = """\
@@ -292,14 +315,31 @@ def test_an_unwrapped_model_seeded_per_rank_diverges(ranks):
 
     divergence = finding(report, "TL909")
     assert divergence.severity == "error"
-    assert divergence.line == line_of(SEEDED_PER_RANK, "call")
+    # At the cause: the per-rank seed made the replicas different before any step.
+    assert divergence.line == line_of(SEEDED_PER_RANK, "seed")
     assert "Linear.weight differs between ranks 0 and 1" in divergence.message
     assert "before the first optimizer step" in divergence.message
     assert "largest difference" in divergence.message
     assert "DistributedDataParallel" in divergence.message
-    [seed] = divergence.related
-    assert seed.line == line_of(SEEDED_PER_RANK, "seed")
-    assert "rank 0 with 0, rank 1 with 1" in seed.message
+    assert "seeded differently" in divergence.message
+    # The construction and the first use, as related information.
+    built, used = divergence.related
+    assert built.line == line_of(SEEDED_PER_RANK, "built") and "built here" in built.message
+    assert used.line == line_of(SEEDED_PER_RANK, "call") and "first used here" in used.message
+
+
+def test_hand_all_reduced_replicas_seeded_per_rank_point_at_the_seed(ranks):
+    report, _ = ranks(HAND_ALL_REDUCE)
+
+    divergence = finding(report, "TL909")
+    assert divergence.line == line_of(HAND_ALL_REDUCE, "seed")
+    assert "differs between ranks 0 and 1 already before the first optimizer step" in (
+        divergence.message
+    )
+    assert "Sequential.0.weight" in divergence.message
+    lines = [related.line for related in divergence.related]
+    # The hand-written all-reduce (a collective on its tensors), the construction, the use.
+    assert lines[-2:] == [line_of(HAND_ALL_REDUCE, "built"), line_of(HAND_ALL_REDUCE, "call")]
 
 
 def test_noqa_on_the_line_says_a_model_per_rank_is_intended(ranks):

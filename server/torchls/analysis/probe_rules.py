@@ -221,9 +221,14 @@ _DOCS: dict[str, tuple[str, str, str, str]] = {
         In a distributed repro (`--nproc N`), parameters or buffers that should hold the same
         values on every rank differ at a step boundary: those of a model wrapped in
         `DistributedDataParallel`, of one whose tensors the script all-reduces or broadcasts,
-        or, in a script that sets up a process group, of a model trained on every rank. The
-        finding sits on the model's first call and names the first differing tensor, the
-        ranks and the largest difference; `# noqa: TL909` there says a model per rank is meant.
+        or, in a script that sets up a process group, of a model trained on every rank. It
+        names the first differing tensor, the ranks and the largest difference, and sits at
+        the cause where the run shows one: replicas already different before the first step
+        were made different where they were made, so the finding is on the per-rank seed
+        (`torch.manual_seed(base + rank)`), else on the line that built the model (never
+        broadcast), with the construction and the model's first use as related locations;
+        replicas that drift later are reported at the first use. `# noqa: TL909` on the
+        finding's line or on the model's first use says a model per rank is meant.
 
         ## Why it is wrong
         Data-parallel training assumes identical replicas; once they drift, each rank trains
@@ -231,8 +236,8 @@ _DOCS: dict[str, tuple[str, str, str, str]] = {
 
         ## Example
         ```python
-        torch.manual_seed(rank)
-        model = Net()                    # TL909: each rank starts from different weights
+        torch.manual_seed(rank)          # TL909: each rank starts from different weights
+        model = Net()
         ```
 
         ## Fix

@@ -692,16 +692,27 @@ def _branch_condition(prepared: Prepared, filename: str, line: int) -> tuple[str
 
 
 def _silenced(item: dict[str, Any], sources: ProjectSources) -> bool:
+    """A `# noqa` for the code on the finding's line, or on a line of the same file it names
+    as related (TL909 is at its cause, the seed or the construction; a noqa written where the
+    model is used says the same)."""
     if item.get("code") not in DISTRIBUTED_CODES:
         return False
     from torchls.analysis.noqa import ALL, noqa_map
 
     lines = sources.lines(item.get("filename"))
-    line = item.get("line")
-    if lines is None or not isinstance(line, int) or not 1 <= line <= len(lines):
+    if lines is None:
         return False
-    codes = noqa_map([lines[line - 1]]).get(1, set())
-    return ALL in codes or item["code"] in codes
+    rows = [item.get("line")] + [
+        related.get("line")
+        for related in item.get("related") or []
+        if isinstance(related, dict) and related.get("filename") == item.get("filename")
+    ]
+    for line in rows:
+        if isinstance(line, int) and 1 <= line <= len(lines):
+            codes = noqa_map([lines[line - 1]]).get(1, set())
+            if ALL in codes or item["code"] in codes:
+                return True
+    return False
 
 
 def _signature(record: dict[str, Any]) -> list[Any]:
