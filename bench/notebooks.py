@@ -12,9 +12,11 @@ on it, matches the findings to the verdicts by (code, cell, line) and prints:
   judged), with the verdicts listed for a finding no longer reported (stale);
 * per notebook: code cells and findings;
 * timing: for each notebook the median wall time of `torchls check` on the .ipynb and on a .py
-  holding the same code-cell sources joined by blank lines (written here, not by torchls, so
-  the comparison includes reading the notebook), over `--repeat` runs, and the ratio nb/py;
-  then the median of the ratios.
+  holding the same code-cell sources joined by blank lines, IPython lines commented out
+  (written here, not by torchls's notebook reader, so the ratio includes reading the
+  notebook JSON and mapping rows back to cells), over `--repeat` alternated runs, and the
+  ratio nb/py; then the median of the ratios. Each run is one process (`--jobs 1`), so
+  interpreter start-up is in both figures; the summary also gives the median difference.
 
 A row whose snapshot (or commit, or path) is missing is reported and skipped, never an error.
 Usage: python bench/notebooks.py [--manifest PATH] [--repeat N] [--no-timing] [--json]
@@ -61,18 +63,44 @@ def extract(row: dict) -> Path | None:
     return dest
 
 
+# Cell magics whose body is Python (as IPython runs it); any other cell magic's body is not.
+PYTHON_CELL_MAGICS = ("%%time", "%%timeit", "%%capture", "%%prun", "%%debug", "%%memit")
+
+
+def _as_python(source: str) -> str:
+    """A cell's source as a plain .py would hold it: IPython lines (`%magic`, `!shell`, a
+    non-Python cell magic's body) turned into comments of the same length, so both files have
+    the same lines and nearly the same bytes. A line is IPython only outside brackets: a
+    continuation such as `   %(epoch, loss))` is Python."""
+    lines = source.split("\n")
+    if lines and lines[0].lstrip().startswith("%%"):
+        if not lines[0].lstrip().startswith(PYTHON_CELL_MAGICS):
+            return "\n".join("#" + line for line in lines)
+        lines[0] = "#" + lines[0]
+    depth = 0
+    for at, line in enumerate(lines):
+        if depth == 0 and line.lstrip().startswith(("%", "!")):
+            lines[at] = "#" + line
+            continue
+        # Bracket depth by counting: strings holding brackets are rare enough in notebook code
+        # for a timing input.
+        depth = max(
+            depth + sum(line.count(c) for c in "([{") - sum(line.count(c) for c in ")]}"), 0
+        )
+    return "\n".join(lines)
+
+
 def code_cells_text(notebook: Path) -> tuple[int, str]:
-    """(number of code cells, their sources joined by a blank line) as a plain .py would hold
-    them. IPython lines are kept as written: the .py may then hold a syntax error the
-    notebook reader blanks, which torchls skips like any other broken line."""
+    """(number of code cells, their sources as Python joined by a blank line)."""
     document = json.loads(notebook.read_bytes())
     sources = []
     for cell in document.get("cells", []):
         if cell.get("cell_type") != "code":
             continue
         source = cell.get("source", "")
-        sources.append("".join(source) if isinstance(source, list) else str(source))
-    return len(sources), "\n\n".join(s.rstrip("\n") for s in sources) + "\n"
+        text = "".join(source) if isinstance(source, list) else str(source)
+        sources.append(_as_python(text.rstrip("\n")))
+    return len(sources), "\n\n".join(sources) + "\n"
 
 
 def check(torchls: list[str], path: Path) -> tuple[list[dict], float]:
@@ -91,11 +119,42 @@ def check(torchls: list[str], path: Path) -> tuple[list[dict], float]:
         return [], elapsed
 
 
+# One in-process `check_paths` on argv[1] after a warm-up on a tiny unrelated file (imports and
+# first-call set-up paid there), in a fresh interpreter so nothing of the file is kept from an
+# earlier run (a process parses each file version once). Prints seconds and findings.
+IN_PROCESS = """
+import sys, tempfile, time
+from pathlib import Path
+from torchls.checker import CheckOptions, ConfigResolver, check_paths
+options = CheckOptions(cache=False, jobs=1)
+with tempfile.TemporaryDirectory() as tmp:
+    warm = Path(tmp) / "warm.py"
+    warm.write_text("import torch\\nmodel = torch.nn.Linear(2, 2)\\nmodel(torch.ones(2))\\n")
+    check_paths([warm], ConfigResolver(), options)
+path = Path(sys.argv[1])
+start = time.perf_counter()
+reports = check_paths([path], ConfigResolver(), options)
+print(time.perf_counter() - start, sum(len(r.findings) for r in reports))
+"""
+
+
+def check_in_process(python: str, path: Path) -> float:
+    """Seconds of the analysis of `path` alone (no interpreter start-up, no imports)."""
+    done = subprocess.run(
+        [python, "-c", IN_PROCESS, str(path)], capture_output=True, text=True, check=False
+    )
+    try:
+        return float(done.stdout.split()[0])
+    except (IndexError, ValueError):
+        sys.stderr.write(f"in-process check failed on {path}: {done.stderr.strip()[-300:]}\n")
+        return float("nan")
+
+
 def key(code: str, cell: int | None, line: int) -> tuple[str, int | None, int]:
     return (code, cell, line)
 
 
-def score(rows: list[dict], torchls: list[str], repeat: int, timing: bool) -> dict:
+def score(rows: list[dict], torchls: list[str], python: str, repeat: int, timing: bool) -> dict:
     """Findings matched to verdicts, per rule and per notebook, and the timings."""
     rules: dict[str, dict] = defaultdict(lambda: defaultdict(int))
     notebooks: list[dict] = []
@@ -132,7 +191,7 @@ def score(rows: list[dict], torchls: list[str], repeat: int, timing: bool) -> di
         cells, text = code_cells_text(notebook)
         notebooks.append({"notebook": name, "cells": cells, "findings": len(findings)})
         if timing:
-            times.append(time_pair(torchls, notebook, text, repeat, name))
+            times.append(time_pair(torchls, python, notebook, text, repeat, name))
     return {
         "rules": {code: dict(counts) for code, counts in sorted(rules.items())},
         "notebooks": notebooks,
@@ -143,23 +202,36 @@ def score(rows: list[dict], torchls: list[str], repeat: int, timing: bool) -> di
     }
 
 
-def time_pair(torchls: list[str], notebook: Path, text: str, repeat: int, name: str) -> dict:
+def time_pair(
+    torchls: list[str], python: str, notebook: Path, text: str, repeat: int, name: str
+) -> dict:
     """Median wall time of checking the notebook and a .py with the same code, alternated so
     that a passing load on the machine falls on both."""
     with tempfile.TemporaryDirectory(prefix="torchls-nb-") as tmp:
         script = Path(tmp) / (notebook.stem.replace(" ", "_") + ".py")
         script.write_text(text, encoding="utf-8")
-        nb_times, py_times = [], []
+        nb_times, py_times, nb_inner, py_inner = [], [], [], []
         for _ in range(repeat):
-            nb_times.append(check(torchls, notebook)[1])
-            py_times.append(check(torchls, script)[1])
+            nb_findings, elapsed = check(torchls, notebook)
+            nb_times.append(elapsed)
+            py_findings, elapsed = check(torchls, script)
+            py_times.append(elapsed)
+            nb_inner.append(check_in_process(python, notebook))
+            py_inner.append(check_in_process(python, script))
     nb_ms, py_ms = statistics.median(nb_times) * 1000, statistics.median(py_times) * 1000
+    nb_in, py_in = statistics.median(nb_inner) * 1000, statistics.median(py_inner) * 1000
     return {
         "notebook": name,
         "lines": text.count("\n"),
         "nb_ms": nb_ms,
         "py_ms": py_ms,
         "ratio": nb_ms / py_ms if py_ms else None,
+        "nb_in_ms": nb_in,
+        "py_in_ms": py_in,
+        "in_ratio": nb_in / py_in if py_in else None,
+        # The same code should give the same findings; a difference points at the reader.
+        "nb_findings": len(nb_findings),
+        "py_findings": len(py_findings),
     }
 
 
@@ -199,26 +271,48 @@ def print_report(report: dict, out=sys.stdout) -> None:
             where = f"{item['code']} cell {item['cell']} line {item['line']}"
             w(f"{label}: {item['notebook']} {where}\n")
     if report["timing"]:
-        w("\ntiming (median wall ms of `torchls check --no-cache --jobs 1`, one process each)\n")
-        w("notebook                                            lines    nb ms    py ms  nb/py\n")
+        w(
+            "\ntiming, median ms: CLI = wall time of `torchls check --no-cache --jobs 1` (one"
+            " process, start-up included);\nin-proc = one check_paths call in a warmed fresh"
+            " interpreter (the analysis alone)\n"
+        )
+        w(
+            "notebook                                     lines  CLI nb  CLI py  ratio"
+            "  in nb  in py  ratio  findings nb/py\n"
+        )
         for t in report["timing"]:
-            ratio = f"{t['ratio']:.2f}" if t["ratio"] else "-"
             w(
-                f"{t['notebook'][-50:]:<51} {t['lines']:>5} {t['nb_ms']:>8.0f} "
-                f"{t['py_ms']:>8.0f} {ratio:>6}\n"
+                f"{t['notebook'][-44:]:<44} {t['lines']:>5} {t['nb_ms']:>7.0f} "
+                f"{t['py_ms']:>7.0f} {_ratio(t['ratio']):>6} {t['nb_in_ms']:>6.1f} "
+                f"{t['py_in_ms']:>6.1f} {_ratio(t['in_ratio']):>6}  "
+                f"{t['nb_findings']:>5}/{t['py_findings']}\n"
             )
-        ratios = [t["ratio"] for t in report["timing"] if t["ratio"]]
-        if ratios:
+        for label, field, nb, py in (
+            ("CLI", "ratio", "nb_ms", "py_ms"),
+            ("in-process", "in_ratio", "nb_in_ms", "py_in_ms"),
+        ):
+            ratios = [t[field] for t in report["timing"] if t[field]]
+            if not ratios:
+                continue
+            extra = statistics.median(t[nb] - t[py] for t in report["timing"])
             w(
-                f"median nb/py ratio {statistics.median(ratios):.3f} "
-                f"(min {min(ratios):.3f}, max {max(ratios):.3f}, {len(ratios)} notebooks)\n"
+                f"{label}: median nb/py {statistics.median(ratios):.3f} (min {min(ratios):.3f},"
+                f" max {max(ratios):.3f}, {len(ratios)} notebooks); median nb - py"
+                f" {extra:+.1f} ms\n"
             )
+
+
+def _ratio(value: float | None) -> str:
+    return f"{value:.2f}" if value else "-"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--manifest", type=Path, default=DEFAULT_MANIFEST)
     parser.add_argument("--torchls", help="the torchls executable (default: .venv's)")
+    parser.add_argument(
+        "--python", help="interpreter with torchls for the in-process timing (default: this one)"
+    )
     parser.add_argument("--repeat", type=int, default=5, help="timed runs per file (median)")
     parser.add_argument("--no-timing", action="store_true", help="findings only")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -227,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(rows, dict):
         rows = rows.get("entries", [])
     torchls = [args.torchls] if args.torchls else default_torchls()
-    report = score(rows, torchls, max(args.repeat, 1), not args.no_timing)
+    python = args.python or sys.executable
+    report = score(rows, torchls, python, max(args.repeat, 1), not args.no_timing)
     if args.json:
         json.dump(report, sys.stdout, indent=1)
         sys.stdout.write("\n")
