@@ -470,6 +470,18 @@ async def test_softmax_in_a_cell_is_reported_there_and_goes_after_the_fix(jupyte
         assert BUGGY[start:end] == "probs"
         assert codes(found).count("TL101") == 1  # the rewritten %matplotlib line adds nothing
 
+        # jupyterlab-lsp's hover (Ctrl + mouse over `criterion`): the loss contract, as Markdown.
+        hover = await client.request(
+            "textDocument/hover",
+            {
+                "textDocument": {"uri": uri},
+                "position": {"line": line, "character": BUGGY.index("criterion") + 2},
+            },
+        )
+        assert hover["contents"]["kind"] == "markdown"
+        assert "CrossEntropyLoss" in hover["contents"]["value"]
+        assert "softmax" in hover["contents"]["value"]
+
         fixed = [c.replace("criterion(probs, y)", "criterion(logits, y)") for c in cells]
         await client.change(uri, virtual_document(fixed)[0], 1)
         await client.diagnostics(uri, lambda diagnostics: "TL101" not in codes(diagnostics))
