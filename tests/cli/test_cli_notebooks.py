@@ -40,6 +40,19 @@ def test_folders_include_notebooks_and_markdown_cells_are_not_read(project):
     ]
 
 
+def test_folder_walks_skip_jupyters_own_copies_of_notebooks(project):
+    # An autosave checkpoint (a second copy of the notebook) and jupyter-lsp's virtual
+    # document (Python text under the notebook's name) are not the user's files.
+    project.write("train.ipynb", notebook_bytes(TRAINING_CELLS))
+    project.write(".ipynb_checkpoints/train-checkpoint.ipynb", notebook_bytes(TRAINING_CELLS))
+    project.write(".virtual_documents/train.ipynb", "import torch\n")
+    result = project.run("check", "--select", "TL101", "--output-format", "json", ".")
+    assert result.returncode == 1, result.stderr  # a finding, no unreadable-notebook error
+    assert [row["filename"].rsplit("/", 2)[-2:] for row in result.json()] == [
+        [project.root.name, "train.ipynb"]
+    ]
+
+
 def test_json_sarif_and_github_locations_count_rows_in_the_cell(project):
     project.write("train.ipynb", notebook_bytes(TRAINING_CELLS))
     [row] = project.run(

@@ -28,6 +28,9 @@ NOT_PROJECT_DIRS = frozenset(
     {".git", ".hg", ".svn", ".venv", "venv", ".tox", ".nox", ".eggs", ".mypy_cache"}
     | {".pytest_cache", ".ruff_cache", "node_modules", "__pycache__", "build", "dist"}
     | {"site-packages", ".torchls_cache"}
+    # Jupyter's copies of notebooks: autosave checkpoints, and jupyter-lsp's virtual documents
+    # (Python text under a `.ipynb` name).
+    | {".ipynb_checkpoints", ".virtual_documents"}
 )
 MODULES_LIMIT = 200_000  # directory entries; a larger tree is not walked for module paths
 
