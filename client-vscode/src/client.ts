@@ -112,6 +112,10 @@ export function createClient(inputs: ClientInputs): TorchlsClient {
         documentSelector: [
             { scheme: "file", language: "python" },
             { scheme: "untitled", language: "python" },
+            // Python cells of Jupyter notebooks: the server announces notebook sync for them, so
+            // they reach it as notebookDocument/* (one module per notebook), while hover and code
+            // actions in a cell need the cell to match here.
+            { scheme: "vscode-notebook-cell", language: "python" },
         ],
         diagnosticCollectionName: CLIENT_ID,
         outputChannel: inputs.log,

@@ -21,6 +21,9 @@
  *                carries the extension's Content-Security-Policy. Then a script whose NaN is born
  *                on one line (fixtures/nan_train.py): the repro puts TL901 on that line in the
  *                Problems panel, and the hover on its squiggle shows the repro's trace.
+ *  - notebook:   a Jupyter notebook (fixtures/softmax_loss.ipynb) opened in the notebook editor:
+ *                TL101 on line 4 of its fifth cell in the Problems panel (notebook sync), the
+ *                quick fix menu in that cell offers "Fix TL101", choosing it removes the problem.
  * Screenshots go to test-results/. Every process group started is stopped and checked.
  *
  * Inputs: TORCHLS_VENV (required), CODE_SERVER_BIN (else scripts/install-code-server.sh),
@@ -48,7 +51,9 @@ const EXPECTED_LINE = 65;
 const REPORT_SCRIPT = "tiny_train.py";
 const NAN_SCRIPT = "nan_train.py";
 const NAN_LINE = 16; // `shifted = torch.sqrt(inputs - 10.0)` in fixtures/nan_train.py
-const OVERALL_TIMEOUT_MS = 420_000;
+const NOTEBOOK = "softmax_loss.ipynb"; // fixtures/: TL101 on line 4 of cell 5
+const NOTEBOOK_LINE = 4;
+const OVERALL_TIMEOUT_MS = 540_000;
 
 function fail(message: string): never {
     throw new Error(message);
@@ -370,7 +375,43 @@ function scenarios(python: string): Scenario[] {
             await workbench.screenshot("report-nan-hover");
         },
     };
-    const list = [trusted, restricted, forwarding, install, report];
+    // A Jupyter notebook: the softmax written into cell 5's loss call is TL101 there, its quick
+    // fix (offered in the cell, through notebook sync) removes it and the problem goes away.
+    const notebook: Scenario = {
+        name: "notebook",
+        trustEverything: true,
+        settings: { ...baseSettings(), "torchls.interpreter": [python] },
+        prepare: (root) => {
+            const workspace = path.join(root, "workspace");
+            fs.mkdirSync(workspace, { recursive: true });
+            fs.copyFileSync(path.join(clientDir, "test", "e2e", "fixtures", NOTEBOOK), path.join(workspace, NOTEBOOK));
+            return {};
+        },
+        body: async (workbench) => {
+            await workbench.openFile(NOTEBOOK);
+            const rows = await workbench
+                .problemsContaining(EXPECTED_CODE, 90_000)
+                .catch((error: unknown) => fail(`notebook: no ${EXPECTED_CODE} in the Problems panel for ${NOTEBOOK}: ${String(error)}`));
+            const row = rows.find((text) => text.includes(EXPECTED_CODE)) ?? "";
+            log(`notebook: Problems row: ${row}`);
+            if (!row.includes(`Ln ${NOTEBOOK_LINE}`)) {
+                fail(`notebook: ${EXPECTED_CODE} is not on line ${NOTEBOOK_LINE} of its cell: ${row}`);
+            }
+            await workbench.screenshot("notebook-problem");
+            const menu = await workbench.quickFixMenuAtProblem(EXPECTED_CODE, 30_000);
+            log(`notebook: quick fix menu: ${menu.join(" | ")}`);
+            const fix = menu.find((title) => title.startsWith(`Fix ${EXPECTED_CODE}`));
+            if (!fix) {
+                fail(`notebook: the quick fix menu in the cell has no "Fix ${EXPECTED_CODE}": ${menu.join(" | ")}`);
+            }
+            await workbench.screenshot("notebook-quick-fix");
+            await workbench.chooseQuickFix(fix);
+            await workbench.runCommand("View: Focus Problems");
+            await workbench.problemsWithout(EXPECTED_CODE, undefined, 30_000);
+            log(`notebook: "${fix}" applied in the cell; ${EXPECTED_CODE} is gone`);
+        },
+    };
+    const list = [trusted, restricted, forwarding, install, report, notebook];
     if (fs.existsSync(bare) && !hasTorchls(bare)) {
         list.push(bundled);
     } else {

@@ -265,4 +265,38 @@ export class Workbench {
             return "";
         }
     }
+
+    /** Clicks the first Problems row containing `needle` (VS Code puts the cursor on the
+     * problem: in a notebook, in its cell) and opens the quick fix menu there; its titles. */
+    async quickFixMenuAtProblem(needle: string, timeoutMs: number): Promise<string[]> {
+        const rows = await this.page.$$(".markers-panel .monaco-list-row");
+        for (const row of rows) {
+            if ((await row.evaluate((node) => node.textContent ?? "")).includes(needle) && (await row.evaluate((node) => node.querySelector(".marker-message-details, .marker-code") !== null))) {
+                await row.click();
+                await row.press("Enter");
+                break;
+            }
+        }
+        await new Promise((resolve) => setTimeout(resolve, 1_000)); // the cell editor takes focus
+        await this.page.keyboard.down("Control");
+        await this.page.keyboard.press("Period");
+        await this.page.keyboard.up("Control");
+        await this.page.waitForSelector(".action-widget .monaco-list-row", { timeout: timeoutMs });
+        await new Promise((resolve) => setTimeout(resolve, 500)); // the menu fills in as actions arrive
+        return this.page.$$eval(".action-widget .monaco-list-row", (found) =>
+            found.map((row) => (row as HTMLElement).innerText.trim()).filter((text) => text.length > 0),
+        );
+    }
+
+    /** Picks `title` in the open quick fix menu. */
+    async chooseQuickFix(title: string): Promise<void> {
+        const rows = await this.page.$$(".action-widget .monaco-list-row");
+        for (const candidate of rows) {
+            if ((await candidate.evaluate((node) => node.textContent ?? "")).includes(title)) {
+                await candidate.click();
+                return;
+            }
+        }
+        throw new Error(`no quick fix "${title}" in the menu`);
+    }
 }
