@@ -281,10 +281,16 @@ def _blank_ipython(lines: list[str]) -> tuple[list[str], list[tuple[int, str]]]:
             return out, replaced
     done = {at for at, _ in replaced}
     command_indent: str | None = None  # set while a `\`-continued IPython line goes on
+    python = _Continuation()
     for at, line in enumerate(lines):
         if at in done:
             continue
         stripped = line.lstrip(" \t")
+        if command_indent is None and python.open:
+            # Inside brackets, a triple-quoted string or after a `\`: `% (x,)` or `!` here
+            # is the rest of a Python expression, not an IPython command.
+            python.feed(line)
+            continue
         if command_indent is not None:
             # `!pip install a \` goes on to the next line, which is part of the command too,
             # whatever its indentation.
@@ -297,10 +303,66 @@ def _blank_ipython(lines: list[str]) -> tuple[list[str], list[tuple[int, str]]]:
             command_indent = line[: len(line) - len(stripped)]
             blank(at)
         else:
+            python.feed(line)
             continue
         if not line.rstrip().endswith("\\"):
             command_indent = None
     return out, replaced
+
+
+class _Continuation:
+    """Whether the Python lines read so far leave a logical line open: a bracket not yet
+    closed, a triple-quoted string not yet ended, or a trailing backslash. A rough scanner
+    (no tokenize: a cell that mixes IPython lines does not tokenize), enough to tell a
+    continuation line from the start of a new one."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.quote: str | None = None  # the triple quote of an open string
+        self.backslash = False
+
+    @property
+    def open(self) -> bool:
+        return self.depth > 0 or self.quote is not None or self.backslash
+
+    def feed(self, line: str) -> None:
+        at, size = 0, len(line)
+        while at < size:
+            if self.quote is not None:
+                end = line.find(self.quote, at)
+                while end > 0 and _escaped(line, end):
+                    end = line.find(self.quote, end + 1)
+                if end < 0:
+                    break
+                self.quote, at = None, end + 3
+                continue
+            char = line[at]
+            if char == "#":
+                break
+            if char in "\"'":
+                if line.startswith(char * 3, at):
+                    self.quote, at = char * 3, at + 3
+                    continue
+                end = at + 1
+                while end < size and (line[end] != char or _escaped(line, end)):
+                    end += 1
+                at = end + 1
+                continue
+            if char in "([{":
+                self.depth += 1
+            elif char in ")]}":
+                self.depth = max(0, self.depth - 1)
+            at += 1
+        code = line.split("#", 1)[0] if self.quote is None else ""
+        self.backslash = self.quote is None and code.rstrip().endswith("\\")
+
+
+def _escaped(line: str, at: int) -> bool:
+    """Whether the character at `at` follows an odd number of backslashes."""
+    count = 0
+    while at - count - 1 >= 0 and line[at - count - 1] == "\\":
+        count += 1
+    return count % 2 == 1
 
 
 # --- writing back -------------------------------------------------------------------------------

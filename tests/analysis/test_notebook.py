@@ -66,6 +66,29 @@ def test_ipython_lines_become_code_that_parses_on_the_same_rows(cell):
         assert "echo" not in source.text
 
 
+@pytest.mark.parametrize(
+    ("cell", "kept", "blanked"),
+    [
+        # `%` at the start of a line inside open brackets is string formatting.
+        ("print('loss %.4f'\n      % (loss,))\n%matplotlib inline\n", ["      % (loss,))"], 1),
+        # `!` inside a triple-quoted string that goes on over lines.
+        ('doc = """\n!not a shell command\n"""\n!ls\n', ["!not a shell command"], 1),
+        # A backslash continuation, then a real magic on its own line.
+        ("total = 1 + \\\n    2\n%time f()\n", ["    2"], 1),
+        # A bracket inside a string or a comment opens nothing: the help line is IPython.
+        ('label = "(("  # [\nlen?\n', [], 1),
+        ("rows = [1,\n        2]\n%who\n", ["        2]"], 1),
+    ],
+)
+def test_continuation_lines_are_python_not_magics(cell, kept, blanked):
+    source = notebook_from_cells([cell])
+    ast.parse(source.text)
+    lines = source.text.split("\n")
+    for line in kept:
+        assert line in lines
+    assert len(source.cells[0].ipython) == blanked
+
+
 def test_identity_write_back_is_byte_identical():
     for data in (
         notebook_bytes(TRAINING_CELLS, outputs=True),
