@@ -155,9 +155,17 @@ async def pull_diagnostics(
             snapshot = None
     if snapshot is None or not settings.enable:
         return types.FullDocumentDiagnosticReport(items=[], result_id=None)
-    # A pull answers once, so it includes what other project files contribute.
+    items = await _pulled_items(server, snapshot, check_current=state is not None)
+    return types.FullDocumentDiagnosticReport(items=items, result_id=_result_id(server, snapshot))
+
+
+async def _pulled_items(
+    server: TorchLanguageServer, snapshot: Snapshot, check_current: bool
+) -> list[types.Diagnostic]:
+    """The diagnostics a pull hands back for `snapshot` (a file or a whole notebook): its
+    analysis with what other project files contribute (a pull answers once), then the layers."""
     outcome = await server.docs.analyse(snapshot, cross_file=True)
-    if state is not None and settings.run == "onType" and not server.docs.is_current(snapshot):
+    if check_current and server.settings.run == "onType" and not server.docs.is_current(snapshot):
         # The text changed while we analysed: ask the client to pull again rather than hand it
         # diagnostics for a version it no longer has.
         raise JsonRpcException(
@@ -167,11 +175,12 @@ async def pull_diagnostics(
         )
     related = _related_support(server, pull=True)
     items = to_diagnostics(server, outcome, related)
-    items = await layered_diagnostics(server, snapshot, items, related)
-    return types.FullDocumentDiagnosticReport(
-        items=items,
-        result_id=f"{snapshot.version}:{server.settings_generation}:{server.repro_store.generation}",
-    )
+    return await layered_diagnostics(server, snapshot, items, related)
+
+
+def _result_id(server: TorchLanguageServer, snapshot: Snapshot) -> str:
+    """Changes with the text, the settings and the repro results: what a pull's answer is of."""
+    return f"{snapshot.version}:{server.settings_generation}:{server.repro_store.generation}"
 
 
 async def _pull_cell(
@@ -186,20 +195,10 @@ async def _pull_cell(
         snapshot = state.saved
     if snapshot is None or snapshot.notebook is None or not settings.enable:
         return types.FullDocumentDiagnosticReport(items=[], result_id=None)
-    outcome = await server.docs.analyse(snapshot, cross_file=True)
-    if settings.run == "onType" and not server.docs.is_current(snapshot):
-        raise JsonRpcException(
-            message="notebook changed during analysis",
-            code=types.LSPErrorCodes.ServerCancelled.value,
-            data={"retriggerRequest": True},
-        )
-    related = _related_support(server, pull=True)
-    items = to_diagnostics(server, outcome, related)
-    items = await layered_diagnostics(server, snapshot, items, related)
+    items = await _pulled_items(server, snapshot, check_current=True)
     split = snapshot.notebook.split_diagnostics(notebook_uri, items)
     return types.FullDocumentDiagnosticReport(
-        items=split.get(cell_uri, []),
-        result_id=f"{snapshot.version}:{server.settings_generation}:{server.repro_store.generation}",
+        items=split.get(cell_uri, []), result_id=_result_id(server, snapshot)
     )
 
 
