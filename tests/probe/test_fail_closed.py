@@ -2,6 +2,9 @@
 the run, a transient failure is retried and never remembered, and only a machine without
 bubblewrap runs degraded, saying so first in every report and on every CLI run.
 
+A warm worker decides bubblewrap when it starts; each of its runs decides again, and refuses or
+goes cold as a cold run would.
+
 The failing bubblewraps are wrapper scripts put first on PATH: one that always exits 1, one
 that fails its first call and then hands every call to the real bubblewrap. The hidden-style
 case writes a checkpoint into /tmp and a dot file into the home, by name, as a script that
@@ -23,7 +26,9 @@ import pytest
 from torchls.probe import ReproOptions, run_repro
 from torchls.probe import sandbox as sandbox_module
 from torchls.probe.options import ReproUsageError
+from torchls.probe.prepare import prepare
 from torchls.probe.sandbox import SandboxRefused, bwrap_state, protections_line
+from torchls.probe.warm import ReproSession
 
 REAL_BWRAP = shutil.which("bwrap")
 needs_bwrap = pytest.mark.skipif(
@@ -287,3 +292,62 @@ def test_the_protections_line_names_active_and_missing_layers():
     assert protections_line(absent) == (
         "sandbox DEGRADED (bubblewrap is not installed): active: memory; NOT active: bubblewrap"
     )
+
+
+@needs_bwrap
+def test_a_warm_run_rechecks_bubblewrap_and_refuses_as_a_cold_run(hidden, tmp_path, monkeypatch):
+    """The warm worker is started with bubblewrap decided once; each run decides again. A
+    bubblewrap that fails by the time of a run refuses that run (the reason and the opt-out),
+    as a cold run would, and the worker serves the next run once bubblewrap works again."""
+    path, argv, targets = hidden
+    options = _options(argv)
+    session = ReproSession()
+    try:
+        session.prewarm_prepared(prepare(path, options), wait=True)
+        saved = os.environ["PATH"]
+        calls = _failing(tmp_path, monkeypatch)
+        with pytest.raises(SandboxRefused) as refused:
+            session.run(path, options)
+        message = str(refused.value)
+        assert message.startswith("sandbox refused (--sandbox auto): bubblewrap is installed")
+        assert "bwrap: simulated failure" in message and "--sandbox none" in message
+        # Tried with the back-off of a cold run's decision, once for this run.
+        assert calls.read_text().count("x") == 1 + len(sandbox_module.BWRAP_RETRY_S)
+        for target in targets:
+            assert not target.exists(), target
+        monkeypatch.setenv("PATH", saved)
+        report = session.run(path, options)
+        assert report.data["timing"]["runner"] == "warm"
+        assert report.status == "ok", report.data.get("exception")
+        assert _layer(report, "bubblewrap")["held"]
+    finally:
+        session.close()
+
+
+@needs_bwrap
+def test_a_warm_worker_started_without_bubblewrap_sends_runs_cold_once_it_works(
+    hidden, tmp_path, monkeypatch
+):
+    """A worker started where no bubblewrap was found runs degraded; once bubblewrap is there,
+    a run through that worker would be weaker than a cold run, so it runs cold, sandboxed."""
+    path, argv, targets = hidden
+    options = _options(argv)
+    saved = os.environ["PATH"]
+    session = ReproSession()
+    try:
+        _without_bwrap(tmp_path, monkeypatch)
+        session.prewarm_prepared(prepare(path, options), wait=True)
+        degraded = session.run(path, options)
+        assert degraded.data["timing"]["runner"] == "warm"
+        assert not _layer(degraded, "bubblewrap")["held"]
+        for target in targets:
+            target.unlink(missing_ok=True)  # a degraded run may write them: that is the mode
+        monkeypatch.setenv("PATH", saved)
+        report = session.run(path, options)
+        assert report.data["timing"]["runner"] == "cold"
+        assert report.status == "ok", report.data.get("exception")
+        assert _layer(report, "bubblewrap")["held"]
+        for target in targets:
+            assert not target.exists(), target
+    finally:
+        session.close()

@@ -14,7 +14,14 @@ import pytest
 from tests.probe import cases
 from tests.probe.support import bwrap_usable, layer, leftovers
 from torchls.probe.cgroup import PidsCgroup
-from torchls.probe.sandbox import Decisions, describe_layers, limit_layers, limits_for, plan
+from torchls.probe.sandbox import (
+    Decisions,
+    PlanInputs,
+    describe_layers,
+    limit_layers,
+    limits_for,
+    plan,
+)
 from torchls.records import replace
 
 needs_bwrap = pytest.mark.skipif(not bwrap_usable(), reason="bubblewrap is not usable here")
@@ -142,13 +149,15 @@ def test_layer_wording_is_a_function_of_the_decisions_alone():
 def test_a_plan_reports_the_layers_its_decisions_describe(tmp_path):
     limits = limits_for(4096, 60.0, 256, 256, "cpu")
     launch = plan(
-        python=Path(sys.executable),
-        probe_dir=tmp_path,
-        scratch=tmp_path,
-        cwd=tmp_path,
-        read_paths=[],
-        limits=limits,
-        mode="none",
+        PlanInputs(
+            python=Path(sys.executable),
+            probe_dir=tmp_path,
+            scratch=tmp_path,
+            cwd=tmp_path,
+            read_paths=[],
+            limits=limits,
+            mode="none",
+        )
     )
     try:
         names = [layer.name for layer in launch.layers]

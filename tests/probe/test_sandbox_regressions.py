@@ -694,13 +694,15 @@ def test_dev_shm_is_sized_by_the_memory_limit_and_the_rest_by_the_file_size_limi
 
     limits = sandbox.limits_for(1024, 30.0, 16, 64, "cpu")
     launch = sandbox.plan(
-        python=Path(sys.executable),
-        probe_dir=tmp_path,
-        scratch=tmp_path / "home",
-        cwd=tmp_path,
-        read_paths=[],
-        limits=limits,
-        mode="bwrap",
+        sandbox.PlanInputs(
+            python=Path(sys.executable),
+            probe_dir=tmp_path,
+            scratch=tmp_path / "home",
+            cwd=tmp_path,
+            read_paths=[],
+            limits=limits,
+            mode="bwrap",
+        )
     )
     try:
         argv = launch.argv_prefix
@@ -787,13 +789,15 @@ def plan_without_bwrap(folder: Path, limits):
     from torchls.probe import sandbox
 
     return sandbox.plan(
-        python=Path(sys.executable),
-        probe_dir=folder,
-        scratch=folder,
-        cwd=folder,
-        read_paths=[],
-        limits=limits,
-        mode="none",
+        sandbox.PlanInputs(
+            python=Path(sys.executable),
+            probe_dir=folder,
+            scratch=folder,
+            cwd=folder,
+            read_paths=[],
+            limits=limits,
+            mode="none",
+        )
     )
 
 
@@ -943,13 +947,15 @@ def test_one_failed_bubblewrap_trial_no_longer_weakens_every_later_run(
     for mode in ("auto", "bwrap"):
         with pytest.raises(sandbox.SandboxRefused, match="--sandbox none"):
             sandbox.plan(
-                python=Path(sys.executable),
-                probe_dir=tmp_path,
-                scratch=tmp_path,
-                cwd=tmp_path,
-                read_paths=[],
-                limits=limits,
-                mode=mode,
+                sandbox.PlanInputs(
+                    python=Path(sys.executable),
+                    probe_dir=tmp_path,
+                    scratch=tmp_path,
+                    cwd=tmp_path,
+                    read_paths=[],
+                    limits=limits,
+                    mode=mode,
+                )
             )
     monkeypatch.setattr(sandbox, "_bwrap_try", lambda path, extra: None)
     assert sandbox.bwrap_state().state == "works"  # the failures were not remembered

@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torchls.probe import untrusted
+from torchls.probe.prepare import unfit_folder
+from torchls.probe.sandbox import HIDDEN_DIRS, home_dirs
 
 if TYPE_CHECKING:
     from torchls.probe.prepare import Prepared
-    from torchls.probe.report import ReproReport
     from torchls.probe.view import ProjectView
 
 _QUOTED_PATH = re.compile(r"""['"]([^'"\n]{1,1000})['"]""")
@@ -42,9 +43,10 @@ _MISSING = ("No such file or directory", "[Errno 2]")
 _NO_MODULE = re.compile(r"No module named '([A-Za-z_][\w.]{0,200})'")
 
 
-def explain(report: ReproReport, prepared: Prepared, project: ProjectView) -> None:
-    """Add the sandbox's part to the report's TL905 finding, when it played one."""
-    exception = report.data.get("exception")
+def explain(data: dict[str, Any], prepared: Prepared, project: ProjectView) -> None:
+    """Add the sandbox's part to the report document's TL905 finding, when it played one
+    (`data` is the document before its `ReproReport` is made)."""
+    exception = data.get("exception")
     if not isinstance(exception, dict):
         return
     text = f"{exception.get('type', '')}: {exception.get('message', '')}"
@@ -54,15 +56,15 @@ def explain(report: ReproReport, prepared: Prepared, project: ProjectView) -> No
     else:
         cause = _cause(text, kind, prepared, project)
     if cause is None:
-        _no_cuda(report, exception, text)
+        _no_cuda(data, exception, text)
         return
     kind, sentence = cause
     exception["sandbox_cause"] = kind
-    _add_to_tl905(report, sentence)
+    _add_to_tl905(data, sentence)
 
 
-def _add_to_tl905(report: ReproReport, sentence: str) -> None:
-    for finding in report.data.get("findings") or []:
+def _add_to_tl905(data: dict[str, Any], sentence: str) -> None:
+    for finding in data.get("findings") or []:
         if isinstance(finding, dict) and finding.get("code") == "TL905":
             finding["message"] = f"{finding.get('message', '')} ({sentence})"
 
@@ -77,13 +79,13 @@ _NO_CUDA = (
 )
 
 
-def _no_cuda(report: ReproReport, exception: dict[str, Any], text: str) -> None:
+def _no_cuda(data: dict[str, Any], exception: dict[str, Any], text: str) -> None:
     """The script calls CUDA unconditionally and the interpreter's torch cannot give it any:
     not the sandbox's doing, nor a bug of the script's logic. The TL905 message says so and
     what to do (`exception.environment_cause`: `no_cuda`)."""
     if not any(marker in text for marker in _NO_CUDA):
         return
-    device = report.data.get("device") or {}
+    device = data.get("device") or {}
     requested = device.get("requested") if isinstance(device, dict) else None
     exception["environment_cause"] = "no_cuda"
     sentence = (
@@ -92,7 +94,7 @@ def _no_cuda(report: ReproReport, exception: dict[str, Any], text: str) -> None:
         "machine that have CUDA (--python), or let the script choose its device "
         "(torch.cuda.is_available())"
     )
-    _add_to_tl905(report, sentence)
+    _add_to_tl905(data, sentence)
 
 
 def _cause(
@@ -168,8 +170,6 @@ def _hidden_module(
     it in the report: only compared, never opened), the module is in it on the host, under a
     home folder or /tmp, and outside what the run sees. A folder the script never put on its
     path would fail a plain run too: the error is then the script's own."""
-    from torchls.probe.prepare import unfit_folder
-
     match = _NO_MODULE.search(text)
     if match is None or not isinstance(search_path, list):
         return None
@@ -199,8 +199,6 @@ def _hidden_module(
 
 
 def _behind_hidden(where: Path) -> bool:
-    from torchls.probe.sandbox import HIDDEN_DIRS, home_dirs
-
     hidden = [*home_dirs(), *map(Path, HIDDEN_DIRS)]
     return any(where == h or h in where.parents for h in hidden)
 

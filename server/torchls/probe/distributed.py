@@ -28,59 +28,44 @@ import json
 import os
 import re
 import signal
+import socket
 import time
-from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from torchls.probe import untrusted
-from torchls.probe.options import ReproUsageError
+from torchls.probe.launch import (
+    REPORT_READ_LIMIT,
+    LaunchSpec,
+    Left,
+    ProgressCallback,
+    Run,
+    Strategy,
+    execute,
+    forward_progress,
+    not_started,
+    probe_command,
+    read_output,
+)
+from torchls.probe.options import LOOPBACK
 from torchls.probe.prepare import Prepared
-from torchls.probe.report import ReproReport, load_probe_report, synthesize
-from torchls.probe.sandbox import Layer, limits_for, plan
+from torchls.probe.process import Ended
+from torchls.probe.report import load_probe_report, synthesize
+from torchls.probe.sandbox import Layer, SandboxPlan, bwrap_works, can_unshare_net
 from torchls.probe.scratch import RunFolder
 from torchls.probe.sources import ProjectSources
 
 DEFAULT_COLLECTIVE_TIMEOUT_S = 5.0
-MAX_NPROC = 64
 # Processes a run may start, per rank (torchrun and each rank hold a handful of threads, which
 # the process limits count).
 PROCESSES_PER_RANK = 64
 DISTRIBUTED_CODES = ("TL908", "TL909", "TL910", "TL803")
 MARKED_LINES = 200  # lines marked as differing between ranks, at most
-LOOPBACK = re.compile(r"^(localhost|127\.\d+\.\d+\.\d+|\[?::1\]?)$", re.IGNORECASE)
 _FAILURE = re.compile(
     r"rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*(?P<local>\d+)\)\s*\n\s*exitcode\s*:\s*"
     r"(?P<code>-?\d+)"
 )
 _STATUS_ORDER = ("crashed", "memory", "timeout", "error", "ok")
-
-
-def check(options: Any, device: str) -> None:
-    """Refuse what a distributed run cannot do (ReproUsageError, a message for a person)."""
-    nproc = options.nproc
-    if nproc is None:
-        if options.nnodes is not None or options.rdzv_endpoint is not None:
-            raise ReproUsageError("--nnodes and --rdzv-endpoint go with --nproc N")
-        return
-    if not 1 <= nproc <= MAX_NPROC:
-        raise ReproUsageError(f"--nproc must be between 1 and {MAX_NPROC}")
-    if device.startswith("cuda:"):
-        raise ReproUsageError(
-            "--nproc runs one rank per GPU from the first: use --device cuda (or auto), and "
-            "CUDA_VISIBLE_DEVICES to choose the GPUs"
-        )
-    if options.spec:
-        raise ReproUsageError("--nproc runs a script under torchrun; a --spec is not supported")
-    if options.collective_timeout_s is not None and options.collective_timeout_s <= 0:
-        raise ReproUsageError("--collective-timeout must be positive")
-    endpoint = options.rdzv_endpoint
-    if endpoint is not None:
-        host = endpoint.rsplit(":", 1)[0] if ":" in endpoint.strip("[]") else endpoint
-        if not LOOPBACK.match(host) and not options.network:
-            raise ReproUsageError(
-                f"--rdzv-endpoint {endpoint}: a rendezvous with other machines needs --network "
-                "(the sandbox's network has only its own loopback)"
-            )
 
 
 def torchrun_arguments(options: Any) -> list[str]:
@@ -114,126 +99,85 @@ def run_in(
     prepared: Prepared,
     folder: RunFolder,
     started: float,
-    on_progress: Callable[[Any], None] | None,
+    on_progress: ProgressCallback | None,
     cancel_event: Any,
-) -> ReproReport:
-    """One distributed cold run in `folder` (the counterpart of `runner._run_in`)."""
-    from torchls.probe.process import supervise
-    from torchls.probe.runner import (
-        KILL_GRACE_S,
-        Left,
-        ProgressEvent,
-        ReproCancelled,
-        _output,
-        disk_watch,
-        finish,
-        forward_progress,
-        notify,
-        open_view,
-        record_writes,
-        wall_clock_layer,
-    )
-
-    r = prepared.resolved
-    options = r.options
+) -> dict[str, Any]:
+    """One distributed cold run in `folder`: the report document (launch.py's sequence with
+    the `Ranks` strategy)."""
+    options = prepared.resolved.options
     nproc = int(options.nproc)
     taken = _endpoint_taken(options)
     if taken is not None:
         return _refused(prepared, taken)
-    limits = limits_for(
-        r.memory_mb,
-        r.timeout_s,
-        options.file_size_mb,
-        max(options.max_processes, PROCESSES_PER_RANK * (nproc + 1)),
-        r.device,
-    )
-    reports = [folder.report.parent / f"report.rank{index}.json" for index in range(nproc)]
+    reports = tuple(folder.report.parent / f"report.rank{index}.json" for index in range(nproc))
     for path in reports:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-    request = prepared.request(folder.report, folder.output)
-    timeout = options.collective_timeout_s or DEFAULT_COLLECTIVE_TIMEOUT_S
-    request["distributed"] = {
-        "nproc": nproc,
-        "reports": [str(path) for path in reports],
-        "exchange": str(folder.home / ".torchls-ranks"),
-        "collective_timeout_s": timeout,
-        "launched_unix": time.time(),
-    }
-    project = open_view(prepared, folder.root / "view")
-    if project.linked:
-        request["cwd"] = str(project.copy_of(prepared.cwd))
-    folder.seal(request)
-    launch = plan(
-        python=prepared.python,
-        probe_dir=folder.probe,
-        scratch=folder.home,
-        cwd=prepared.root,
-        read_paths=list(prepared.read_paths),
-        limits=limits,
-        mode=options.sandbox,
-        extra_env=options.pass_env,
-        outputs=(folder.report, folder.output, *reports),
-        project=project,
-        network=options.network,
+    launcher = ("-m", "torch.distributed.run", *torchrun_arguments(options))
+    spec = LaunchSpec(
+        command=tuple(probe_command(prepared, folder, launcher)),
+        outputs=reports,
+        request={
+            "distributed": {
+                "nproc": nproc,
+                "reports": [str(path) for path in reports],
+                "exchange": str(folder.home / ".torchls-ranks"),
+                "collective_timeout_s": options.collective_timeout_s
+                or DEFAULT_COLLECTIVE_TIMEOUT_S,
+                "launched_unix": time.time(),
+            }
+        },
+        max_processes=max(options.max_processes, PROCESSES_PER_RANK * (nproc + 1)),
         loopback=True,
+        tree=True,
+        start_message=f"starting torchrun with {nproc} ranks",
     )
-    launcher = [str(prepared.python), "-m", "torch.distributed.run", *torchrun_arguments(options)]
-    started_ranks: set[int] = set()
+    strategy = Ranks(nproc, reports, " ".join([*launcher[1:], "-m", "torchls_probe"]))
+    return execute(
+        prepared,
+        spec,
+        folder,
+        strategy,
+        started=started,
+        on_progress=on_progress,
+        cancel_event=cancel_event,
+    )
 
-    def on_message(message: dict[str, Any]) -> None:
+
+class Ranks(Strategy):
+    """A cold run under torchrun: the ranks' progress relabelled (the bar follows rank 0), one
+    report merged from theirs, and a layer saying where the ranks ran."""
+
+    def __init__(self, nproc: int, reports: tuple[Path, ...], launcher: str) -> None:
+        self.nproc = nproc
+        self.reports = reports
+        self.launcher = launcher
+        self.started_ranks: set[int] = set()
+
+    def on_message(self, message: dict[str, Any], on_progress: ProgressCallback | None) -> None:
         rank = message.get("rank")
         if isinstance(rank, int) and not isinstance(rank, bool):
-            started_ranks.add(rank)
+            self.started_ranks.add(rank)
             if rank != 0:
                 # The bar follows rank 0; the others' stages are named, not counted.
                 message = {**message, "step": None, "total": None}
                 message["message"] = f"rank {rank}: {message.get('message', '')}"
         forward_progress(message, on_progress)
 
-    try:
-        argv = [
-            *launch.argv_prefix,
-            *launcher,
-            "-m",
-            "torchls_probe",
-            "--request",
-            str(folder.request_file),
-            "--progress",
-            "stdout",
-        ]
-        notify(on_progress, ProgressEvent("start", f"starting torchrun with {nproc} ranks"))
-        ended = supervise(
-            argv,
-            env=launch.env,
-            cwd=project.copy_of(prepared.cwd) if project.linked else prepared.root,
-            preexec=launch.preexec,
-            deadline=started + r.timeout_s + KILL_GRACE_S,
-            cancel=cancel_event,
-            on_message=on_message,
-            stderr_path=folder.stderr,
-            cgroup=launch.cgroup,
-            watch=disk_watch(project, limits.file_size_mb),
-            tree=True,
-        )
-        if ended.killed_for == "cancel":
-            raise ReproCancelled("the repro was cancelled")
-        layers = [*launch.layers, wall_clock_layer(r.timeout_s), _ranks_layer(nproc, launch)]
-        per_rank = [load_probe_report(path, 16 << 20) for path in reports]
+    def collect(self, run: Run, ended: Ended) -> Left:
+        per_rank = [load_probe_report(path, REPORT_READ_LIMIT) for path in self.reports]
         merged = merge(
-            prepared,
-            request,
+            run.prepared,
+            run.request,
             per_rank,
             stderr=ended.stderr,
             killed_for=ended.killed_for,
-            started_ranks=started_ranks,
-            launcher=" ".join([*launcher[1:], "-m", "torchls_probe"]),
+            started_ranks=self.started_ranks,
+            launcher=self.launcher,
         )
-        left = Left(merged, None, _output(folder.output))
-        report = finish(prepared, request, left, ended, layers, launch.warnings, "cold")
-        record_writes(report, prepared, project)
-        return report
-    finally:
-        launch.close()
+        return Left(merged, None, read_output(run.folder.output))
+
+    def layers(self, run: Run, ended: Ended) -> list[Layer]:
+        return [*super().layers(run, ended), _ranks_layer(self.nproc, run.sandbox)]
 
 
 def _endpoint_taken(options: Any) -> str | None:
@@ -241,15 +185,11 @@ def _endpoint_taken(options: Any) -> str | None:
     process already listens there (torchrun would connect to it as if it were the store and
     wait). Inside the sandbox's network namespace every port is free, so only a run that
     shares the host's network (`--network`, or no namespace here) is checked."""
-    import socket
-
-    from torchls.probe.sandbox import _can_unshare_net, bwrap_works
-
     endpoint = options.rdzv_endpoint
     if endpoint is None or options.nnodes not in (None, "1"):
         return None
     isolated = not options.network and (
-        (options.sandbox != "none" and bwrap_works()[0]) or _can_unshare_net()
+        (options.sandbox != "none" and bwrap_works()[0]) or can_unshare_net()
     )
     host, _, port = endpoint.rpartition(":")
     if isolated or not port.isdigit() or not LOOPBACK.match(host):
@@ -266,10 +206,7 @@ def _endpoint_taken(options: Any) -> str | None:
     return None
 
 
-def _refused(prepared: Prepared, why: str) -> ReproReport:
-    from torchls.probe.process import Ended
-    from torchls.probe.runner import Left, finish
-
+def _refused(prepared: Prepared, why: str) -> dict[str, Any]:
     request = prepared.request(None, None)
     data = synthesize(
         status="error",
@@ -280,13 +217,11 @@ def _refused(prepared: Prepared, why: str) -> ReproReport:
         request=request,
     )
     data["distributed"] = {"nproc": prepared.resolved.options.nproc, "ranks": [], "stacks": []}
-    left = Left(data, None, {"bytes": 0, "head": "", "tail": "", "truncated": False})
-    ended = Ended(None, None, 0.0, "")
-    return finish(prepared, {**request, "output_cap_bytes": 1 << 20}, left, ended, [], [], "cold")
+    return not_started(prepared, data)
 
 
-def _ranks_layer(nproc: int, launch: Any) -> Layer:
-    network = next((layer for layer in launch.layers if layer.name == "network"), None)
+def _ranks_layer(nproc: int, sandbox: SandboxPlan) -> Layer:
+    network = next((layer for layer in sandbox.layers if layer.name == "network"), None)
     where = (
         "one private network namespace with its own loopback: the rendezvous works, nothing "
         "else does"

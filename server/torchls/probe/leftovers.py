@@ -23,11 +23,13 @@ import argparse
 import contextlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any
 
 REPRO = "torchls-repro-"
 RULES = "torchls-rules-"
@@ -83,8 +85,6 @@ def sweep(temp: str | Path | None = None, owner: tuple[int, int] | None = None) 
     Without `owner`: every folder whose owner is dead. With `owner` (pid, namespace): that
     owner's folders, without asking whether it lives (the watcher knows it died, and it may
     still be a zombie waiting for its parent)."""
-    from torchls.probe.scratch import RunFolder
-
     here = pid_namespace()
     base = Path(temp if temp is not None else tempfile.gettempdir())
     removed: list[Path] = []
@@ -108,10 +108,42 @@ def sweep(temp: str | Path | None = None, owner: tuple[int, int] | None = None) 
             continue
         path = Path(entry.path)
         with contextlib.suppress(OSError):
-            RunFolder(path).remove()  # never follows a link, copes with locked folders
+            remove_folder(path)  # never follows a link, copes with locked folders
         if not path.exists():
             removed.append(path)
     return removed
+
+
+def remove_folder(folder: Path) -> None:
+    """Remove `folder` and everything in it, never following a link; folders the code (or
+    the read-only staging) made unwritable are made writable first."""
+    root = str(folder)
+
+    def retry(function: Any, path: str, _error: Any) -> None:
+        parent = os.path.dirname(path)
+        # Only ever a folder of this run: never the temp folder that holds it.
+        if not (parent == root or parent.startswith(root + os.sep)) or os.path.islink(parent):
+            return
+        with contextlib.suppress(OSError):
+            os.chmod(parent, 0o700)  # removing an entry needs its folder writable
+        if function in (os.unlink, os.remove, os.rmdir):
+            with contextlib.suppress(OSError):
+                function(path)
+            return
+        # Opening or listing failed (`os.open`, `os.scandir`...: a folder the code locked,
+        # mode 000): unlock that folder and remove it whole. Never call `function` here,
+        # its arguments are not ours to guess; and recurse only once it is unlocked.
+        if os.path.islink(path):
+            return
+        try:
+            os.chmod(path, 0o700)
+        except OSError:
+            return
+        shutil.rmtree(path, onerror=retry)
+
+    if folder.is_symlink() or not folder.is_dir():
+        return
+    shutil.rmtree(folder, onerror=retry)
 
 
 def watch_this_process() -> None:

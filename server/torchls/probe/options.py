@@ -7,6 +7,7 @@ checks the values, raising `ReproUsageError` with a message fit for a person.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,6 +33,9 @@ __all__ = [
     "resolve_options",
     "with_project",
 ]
+
+MAX_NPROC = 64
+LOOPBACK = re.compile(r"^(localhost|127\.\d+\.\d+\.\d+|\[?::1\]?)$", re.IGNORECASE)
 
 
 class ReproUsageError(ValueError):
@@ -131,9 +135,35 @@ def _check(resolved: Resolved) -> None:
         raise ReproUsageError("--memory must be at least 64 MB")
     if resolved.options.sandbox not in ("auto", "bwrap", "none"):
         raise ReproUsageError("sandbox must be auto, bwrap or none")
-    from torchls.probe.distributed import check
+    check_distributed(resolved.options, resolved.device)
 
-    check(resolved.options, resolved.device)
+
+def check_distributed(options: Any, device: str) -> None:
+    """Refuse what a distributed run cannot do (ReproUsageError, a message for a person)."""
+    nproc = options.nproc
+    if nproc is None:
+        if options.nnodes is not None or options.rdzv_endpoint is not None:
+            raise ReproUsageError("--nnodes and --rdzv-endpoint go with --nproc N")
+        return
+    if not 1 <= nproc <= MAX_NPROC:
+        raise ReproUsageError(f"--nproc must be between 1 and {MAX_NPROC}")
+    if device.startswith("cuda:"):
+        raise ReproUsageError(
+            "--nproc runs one rank per GPU from the first: use --device cuda (or auto), and "
+            "CUDA_VISIBLE_DEVICES to choose the GPUs"
+        )
+    if options.spec:
+        raise ReproUsageError("--nproc runs a script under torchrun; a --spec is not supported")
+    if options.collective_timeout_s is not None and options.collective_timeout_s <= 0:
+        raise ReproUsageError("--collective-timeout must be positive")
+    endpoint = options.rdzv_endpoint
+    if endpoint is not None:
+        host = endpoint.rsplit(":", 1)[0] if ":" in endpoint.strip("[]") else endpoint
+        if not LOOPBACK.match(host) and not options.network:
+            raise ReproUsageError(
+                f"--rdzv-endpoint {endpoint}: a rendezvous with other machines needs --network "
+                "(the sandbox's network has only its own loopback)"
+            )
 
 
 def with_defaults(options: ReproOptions | None) -> ReproOptions:

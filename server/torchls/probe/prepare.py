@@ -17,8 +17,9 @@ from typing import Any
 from torchls.notebook import NotebookError, ReproScript, repro_script
 from torchls.probe.locate import find_python, probe_package
 from torchls.probe.options import ReproOptions, ReproUsageError, Resolved, resolve_options
-from torchls.probe.sandbox import ensure_supported
+from torchls.probe.sandbox import SYSTEM_DIRS, ensure_supported, home_dirs
 from torchls.probe.spec import ReproSpec, SpecError, load_spec
+from torchls.probe.view import view_folders
 from torchls.records import record
 
 
@@ -42,8 +43,6 @@ class Prepared:
     def copied(self) -> list[Path]:
         """The folders seen through a copy: the root, the cwd and the writable folders, those
         that may be (a project that is a home folder stays read-only, exposed as before)."""
-        from torchls.probe.view import view_folders
-
         fit = [f for f in (self.root, self.cwd, *self.writable) if unfit_folder(f) is None]
         return view_folders(fit[0], fit[0], tuple(fit)) if fit else []
 
@@ -165,8 +164,6 @@ def unfit_folder(path: Path) -> str | None:
     """Why `path` cannot be a folder the run works in (seen through a copy), or None: it must
     be an existing folder that is neither `/`, a system folder, nor a home folder or above one
     (copying a home would expose its keys to the run)."""
-    from torchls.probe.sandbox import SYSTEM_DIRS, home_dirs
-
     if not path.is_dir():
         return "not a folder"
     real = Path(os.path.realpath(path))

@@ -1,9 +1,9 @@
 """The sandbox around a repro: which isolation layers exist here, and how to start a child in them.
 
 In: the interpreter, the probe folder, the run's scratch folder, the paths the run must read, the
-files it may write and the limits. Out: a `Launch` (argv prefix, environment, a preexec function
-applying rlimits and the pids cgroup) plus the list of `Layer`s with whether each one holds, for
-the report. Layers:
+files it may write and the limits, grouped in `PlanInputs`. Out: a `SandboxPlan` (argv prefix,
+environment, a preexec function applying rlimits and the pids cgroup) plus the list of `Layer`s
+with whether each one holds, for the report. Layers:
 
 - bubblewrap (when installed and working): no network; a read-only view of `/` in which the
   user's home folders (`$HOME`, and as root `/root` and `/home`) and `/run` are empty read-only
@@ -169,7 +169,11 @@ class Limits:
 
 
 @record
-class Launch:
+class SandboxPlan:
+    """What `plan` decided for one launch: the command prefix (bubblewrap's, or none), the
+    child's environment and the function run in it before exec (rlimits, session, seccomp,
+    network), the pids cgroup, the report's layers and warnings. `close()` removes the cgroup."""
+
     argv_prefix: list[str]
     env: dict[str, str]
     preexec: Callable[[], None]
@@ -184,6 +188,35 @@ class Launch:
         if self.cgroup is not None:
             self.cgroup.close()
             self.cgroup = None
+
+
+@record(frozen=True)
+class PlanInputs:
+    """What one launch confines, grouped for `plan` and `bwrap_prefix`: the interpreter, the
+    probe's read-only folder, the writable scratch (HOME, TMPDIR), the folder the child starts
+    in and the other paths it reads, its limits and the sandbox mode (auto|bwrap|none).
+    `outputs` are existing files the child writes (a cold run's report and output), bound one by
+    one inside bubblewrap; `results` is a warm worker's folder for its runs' reports and outputs
+    (a tmpfs of its own, twice the size of the others). `own_namespaces`: the child makes
+    namespaces itself (the warm worker's per-run PID namespace), so user namespaces stay allowed
+    inside; it drops their capabilities itself. `loopback`: the run talks to itself over the
+    network (the ranks of a distributed repro), so a private network namespace made without
+    bubblewrap gets its loopback brought up."""
+
+    python: Path
+    probe_dir: Path
+    scratch: Path
+    cwd: Path
+    limits: Limits
+    mode: str
+    read_paths: tuple[Path, ...] = ()
+    extra_env: tuple[str, ...] = ()
+    outputs: tuple[Path, ...] = ()
+    results: Path | None = None
+    own_namespaces: bool = False
+    project: ProjectView | None = None
+    network: bool = False
+    loopback: bool = False
 
 
 @record(frozen=True)
@@ -413,68 +446,29 @@ class Decisions:
     network: bool = False  # --network: the run may reach the network
 
 
-def plan(
-    *,
-    python: Path,
-    probe_dir: Path,
-    scratch: Path,
-    cwd: Path,
-    read_paths: list[Path],
-    limits: Limits,
-    mode: str,
-    extra_env: tuple[str, ...] = (),
-    outputs: tuple[Path, ...] = (),
-    results: Path | None = None,
-    own_namespaces: bool = False,
-    project: ProjectView | None = None,
-    network: bool = False,
-    loopback: bool = False,
-) -> Launch:
-    """How to start the child under every layer available here (`mode`: auto|bwrap|none).
-    `loopback`: the run talks to itself over the network (the ranks of a distributed repro),
-    so a private network namespace made without bubblewrap gets its loopback brought up.
-
-    `scratch` is the writable folder (HOME, TMPDIR); `outputs` are existing files the child
-    writes (a cold run's report and output), bound one by one inside bubblewrap; `results` is a
-    folder for the reports and outputs of a warm worker's runs, a tmpfs of its own (twice the
-    size of the others: a report and an output file of up to the file-size limit each).
-    `own_namespaces`: the child makes namespaces itself (the warm worker's per-run PID
-    namespace), so user namespaces stay allowed inside; it drops their capabilities itself.
+def plan(inputs: PlanInputs) -> SandboxPlan:
+    """How to start the child under every layer available here (see `PlanInputs`).
 
     Deciding (what holds here) and wording (the report's layers) are separate steps:
     `describe_layers` turns the `Decisions` into text, and the warm worker reuses its parts."""
+    python, probe_dir, scratch = inputs.python, inputs.probe_dir, inputs.scratch
+    limits, project, network = inputs.limits, inputs.project, inputs.network
     ensure_supported()
-    env, refused = child_environment(python, probe_dir, scratch, extra_env)
+    env, refused = child_environment(python, probe_dir, scratch, inputs.extra_env)
     caches = cache_paths(os.environ)
     for name, folder in cache_environment(caches).items():
         env.setdefault(name, str(folder))
     if not network:
         # Hugging Face libraries would retry the network for every file: say it is off.
         env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    found = bwrap_decision(mode)
+    found = bwrap_decision(inputs.mode)
     usable, detail = found.state == "works", found.detail
     cgroup = PidsCgroup.create(limits.max_processes)
     root = os.geteuid() == 0
     prefix: list[str] = []
     view = None
     if usable:
-        prefix, view = bwrap_prefix(
-            detail,
-            python,
-            probe_dir,
-            scratch,
-            cwd,
-            read_paths,
-            outputs=outputs,
-            results=results,
-            tmpfs_mb=limits.tmpfs_mb,
-            shm_mb=limits.dev_shm_mb,
-            env=env,
-            no_userns=not own_namespaces,
-            project=project,
-            caches=caches,
-            network=network,
-        )
+        prefix, view = bwrap_prefix(detail, inputs, env, caches)
     # RLIMIT_NPROC counts every process of the user, so the limit is "those + max_processes";
     # root is exempt from it, and where the count is unknown no limit is claimed (nor set).
     count = None if root else _user_process_count()
@@ -483,16 +477,16 @@ def plan(
         bwrap=usable,
         bwrap_detail=detail,
         view=view,
-        unshare_net=not usable and not network and _can_unshare_net(),
+        unshare_net=not usable and not network and can_unshare_net(),
         refused=tuple(refused),
         root=root,
         pids_cgroup=cgroup is not None,
         process_count=count,
         nproc=count + limits.max_processes if count is not None else None,
         seccomp=kernel_filter is not None,
-        outputs=bool(outputs),
-        results=results is not None,
-        own_namespaces=own_namespaces,
+        outputs=bool(inputs.outputs),
+        results=inputs.results is not None,
+        own_namespaces=inputs.own_namespaces,
         copied=tuple(str(s.original) for s in project.sources) if project else (),
         network=network,
     )
@@ -508,10 +502,10 @@ def plan(
         pdeathsig=not usable,
         nproc=decisions.nproc,
         kernel=kernel_filter,
-        loopback=loopback,
+        loopback=inputs.loopback,
     )
     private = list(view.private) if view is not None else []
-    return Launch(
+    return SandboxPlan(
         prefix, env, preexec, describe_layers(decisions, limits), cgroup, warnings, private
     )
 
@@ -816,34 +810,22 @@ def _shm_source(limits: Limits) -> str:
 
 
 def bwrap_prefix(
-    bwrap: str,
-    python: Path,
-    probe_dir: Path,
-    scratch: Path,
-    cwd: Path,
-    read_paths: list[Path],
-    *,
-    outputs: tuple[Path, ...] = (),
-    results: Path | None = None,
-    tmpfs_mb: int = 0,
-    shm_mb: int = 0,
-    env: dict[str, str] | None = None,
-    no_userns: bool = False,
-    project: ProjectView | None = None,
-    caches: tuple[Path, ...] = (),
-    network: bool = False,
+    bwrap: str, inputs: PlanInputs, env: dict[str, str], caches: tuple[Path, ...] = ()
 ) -> tuple[list[str], View]:
     """The bubblewrap command line, and what it hides and exposes.
 
     Mount order matters: a mount hides whatever an earlier one put under it. So the hidden
     folders (empty tmpfs), the read-only bind-backs, the scratch tmpfs and the output files are
     sorted outermost first, and the read-only remounts of the empty folders come last."""
+    python, probe_dir, scratch, cwd = inputs.python, inputs.probe_dir, inputs.scratch, inputs.cwd
+    project, results, network = inputs.project, inputs.results, inputs.network
+    tmpfs_mb, shm_mb = inputs.limits.tmpfs_mb, inputs.limits.dev_shm_mb
     sized = tmpfs_mb > 0 and bwrap_sizes_tmpfs()
     size = ["--size", str(tmpfs_mb << 20)] if sized else []
     shared = ["--perms", "1777", *size] if sized else []
     shm_mb = shm_mb if shm_mb > 0 and bwrap_sizes_tmpfs() else 0
     shm = ["--perms", "1777", "--size", str(shm_mb << 20)] if shm_mb else []
-    no_userns = no_userns and bwrap_disables_userns()
+    no_userns = not inputs.own_namespaces and bwrap_disables_userns()
     args = [bwrap, *_BWRAP_BASE]
     if network:
         args.append("--share-net")
@@ -863,8 +845,8 @@ def bwrap_prefix(
     needed = [
         *interpreter_paths(python),
         *site_paths(python),
-        *environment_paths(env or {}),
-        *(p for p in (cwd, *read_paths) if not covered(Path(os.path.abspath(p)))),
+        *environment_paths(env),
+        *(p for p in (cwd, *inputs.read_paths) if not covered(Path(os.path.abspath(p)))),
     ]
     sources = {s.original for s in project.sources} if project is not None else set()
     kept = [p for p in keep_paths(needed, hidden) if p not in sources]
@@ -881,7 +863,7 @@ def bwrap_prefix(
     if results is not None:  # a report and an output file of up to the file-size limit each
         twice = ["--perms", "0700", "--size", str(2 * tmpfs_mb << 20)] if sized else []
         mounts.append((results, 2, [*twice, "--tmpfs", str(results)]))
-    for file in outputs:
+    for file in inputs.outputs:
         mounts.append((file, 3, ["--bind", str(file), str(file)]))
     if project is not None:
         mounts += project.bwrap_mounts()
@@ -1138,7 +1120,7 @@ def _libc() -> ctypes.CDLL | None:
 
 
 @functools.lru_cache(maxsize=1)
-def _can_unshare_net() -> bool:
+def can_unshare_net() -> bool:
     """Try it in a throw-away child: unshare needs privilege (or a user namespace)."""
     if _libc() is None:
         return False

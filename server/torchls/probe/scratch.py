@@ -25,7 +25,6 @@ open descriptor and a bounded read. A refused file raises `Unreadable`, whose me
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
@@ -35,7 +34,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from torchls.probe.leftovers import REPRO, owned_prefix
+from torchls.probe.leftovers import REPRO, owned_prefix, remove_folder
 from torchls.records import record
 
 _READ_FLAGS = (
@@ -127,35 +126,8 @@ class RunFolder:
         _read_only(self.probe)
 
     def remove(self) -> None:
-        """Remove everything, never following a link; folders the code (or the read-only
-        staging) made unwritable are made writable first."""
-        root = str(self.root)
-
-        def retry(function: Any, path: str, _error: Any) -> None:
-            parent = os.path.dirname(path)
-            # Only ever a folder of this run: never the temp folder that holds it.
-            if not (parent == root or parent.startswith(root + os.sep)) or os.path.islink(parent):
-                return
-            with contextlib.suppress(OSError):
-                os.chmod(parent, 0o700)  # removing an entry needs its folder writable
-            if function in (os.unlink, os.remove, os.rmdir):
-                with contextlib.suppress(OSError):
-                    function(path)
-                return
-            # Opening or listing failed (`os.open`, `os.scandir`...: a folder the code locked,
-            # mode 000): unlock that folder and remove it whole. Never call `function` here,
-            # its arguments are not ours to guess; and recurse only once it is unlocked.
-            if os.path.islink(path):
-                return
-            try:
-                os.chmod(path, 0o700)
-            except OSError:
-                return
-            shutil.rmtree(path, onerror=retry)
-
-        if self.root.is_symlink() or not self.root.is_dir():
-            return
-        shutil.rmtree(self.root, onerror=retry)
+        """Remove everything, never following a link (`leftovers.remove_folder`)."""
+        remove_folder(self.root)
 
 
 def _read_only(folder: Path) -> None:

@@ -12,7 +12,11 @@ folder with an unpredictable name (its HOME and TMPDIR) that the worker creates,
 back the run's report and output itself (the server reads no file a run could have planted), and
 empties every writable place afterwards. The probe package is mounted read-only (bubblewrap) and
 fully imported before the first fork. A worker that could not clean up after a run says so
-(`dirty`) and is replaced.
+(`dirty`) and is replaced. bubblewrap is decided when the worker starts and again for each run
+(`WarmWorker.recheck`): a run is refused, or runs cold, exactly when a cold run would differ.
+
+A warm run is launch.py's sequence with the `OverChannel` strategy: the worker's view and plan
+(both made by the same `stage` as a cold run's), started and followed over the worker's channel.
 
 `ReproSession` is what the language server keeps: `run()` uses a ready worker when one fits and
 otherwise runs cold while a worker warms up in the background for next time.
@@ -35,30 +39,40 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from torchls.probe.options import ReproOptions, ReproUsageError
-from torchls.probe.prepare import Prepared, prepare
-from torchls.probe.process import WATCH_S, Ended
-from torchls.probe.report import ReproReport, parse_probe_report
-from torchls.probe.runner import (
+from torchls.probe.launch import (
     KILL_GRACE_S,
     OUTPUT_HEAD,
     OUTPUT_TAIL,
     REPORT_READ_LIMIT,
+    LaunchSpec,
     Left,
     ProgressCallback,
     ProgressEvent,
-    ReproCancelled,
+    Run,
+    Strategy,
     disk_watch,
-    finish,
+    execute,
     forward_progress,
+    make_report,
     notify,
-    open_view,
-    record_writes,
-    run_cold,
+    stage,
     wall_clock_layer,
 )
-from torchls.probe.sandbox import Launch, Layer, Limits, keep_paths, limits_for, plan
+from torchls.probe.options import ReproOptions, ReproUsageError
+from torchls.probe.prepare import Prepared, prepare
+from torchls.probe.process import WATCH_S, Ended
+from torchls.probe.report import ReproReport, parse_probe_report
+from torchls.probe.runner import run_cold
+from torchls.probe.sandbox import (
+    Layer,
+    Limits,
+    SandboxPlan,
+    bwrap_decision,
+    keep_paths,
+    limit_layers,
+)
 from torchls.probe.scratch import RunFolder, read_tail
+from torchls.probe.view import ProjectView
 from torchls.records import replace
 
 READY_TIMEOUT_S = 120.0
@@ -74,6 +88,11 @@ MESSAGE_LIMIT = 8 * REPORT_READ_LIMIT
 
 class WorkerError(RuntimeError):
     """The worker died or misbehaved; the run falls back to a cold start."""
+
+
+# The worker's own launch: no rlimits of its own (each child sets its run's), a results folder,
+# the per-run PID namespaces it makes itself.
+WORKER_SPEC = LaunchSpec(worker=True, runner="warm")
 
 
 def _key(prepared: Prepared) -> tuple[Any, ...]:
@@ -131,9 +150,7 @@ class WarmWorker:
         self.key = _key(prepared)
         self.folder = RunFolder.create(prepared.probe_package, cold=False)
         try:
-            self.folder.seal(None)
-            self.project = open_view(prepared, self.folder.root / "view")
-            self.launch: Launch = self._plan(prepared)
+            self.project, self.launch = self._plan(prepared)
         except BaseException:
             self.folder.remove()
             raise
@@ -192,31 +209,10 @@ class WarmWorker:
         self.info: dict[str, Any] | None = None
         self.lock = threading.Lock()
 
-    def _plan(self, prepared: Prepared) -> Launch:
-        options = prepared.resolved.options
-        # The worker has no rlimits of its own: each child sets the limits of its run. Its
-        # private tmpfs are sized like a cold run's, and emptied after each run.
-        return plan(
-            python=prepared.python,
-            probe_dir=self.folder.probe,
-            scratch=self.folder.home,
-            results=self.folder.results,
-            own_namespaces=True,
-            cwd=prepared.root,
-            read_paths=list(prepared.read_paths),
-            limits=Limits(
-                0,
-                0,
-                0,
-                options.max_processes,
-                tmpfs_mb=options.file_size_mb,
-                shm_mb=prepared.resolved.memory_mb,
-            ),
-            mode=options.sandbox,
-            extra_env=options.pass_env,
-            project=self.project,
-            network=options.network,
-        )
+    def _plan(self, prepared: Prepared) -> tuple[ProjectView, SandboxPlan]:
+        """The worker's project view and sandbox plan: the launch sequence's own `stage`, with
+        no request (each run's comes over the channel)."""
+        return stage(prepared, self.folder, WORKER_SPEC, None)
 
     # --- protocol ------------------------------------------------------------------------------
 
@@ -283,59 +279,30 @@ class WarmWorker:
         cancel_event: threading.Event | None,
     ) -> ReproReport:
         started = time.monotonic()
-        run_id = next(self._ids)
-        # Only the worker knows it (never the run's child): messages without it are not ours.
-        token = secrets.token_hex(16)
-        r = prepared.resolved
-        request = prepared.request(None, None)  # the worker picks the run's own folder
-        try:
-            # What an earlier run wrote into the project's copy, and the user's edits since.
-            self.project.reset()
-        except (OSError, ReproUsageError) as error:
-            self.dirty = True
-            raise WorkerError(f"the project's copy could not be renewed: {error}") from None
-        if self.project.linked:
-            request["cwd"] = str(self.project.copy_of(prepared.cwd))
-        # The project's copies are on the host's disk, as in a cold run: they may grow by the
-        # file-size limit in all, then the run is stopped (TL906, stopped_by "disk").
-        watch = disk_watch(self.project, r.options.file_size_mb)
-        limits = limits_for(
-            r.memory_mb, r.timeout_s, r.options.file_size_mb, r.options.max_processes, r.device
+        data = execute(
+            prepared,
+            LaunchSpec(runner="warm", start_message="forking warm interpreter"),
+            self.folder,
+            OverChannel(self),
+            started=started,
+            on_progress=on_progress,
+            cancel_event=cancel_event,
         )
-        deadline_s = r.timeout_s + KILL_GRACE_S
-        self._send(
-            {
-                "op": "run",
-                "id": run_id,
-                "token": token,
-                "request": request,
-                "limits": _limits_json(limits),
-                "deadline_s": deadline_s,
-                "network": not self.bwrap and not r.options.network,
-                "report_limit": REPORT_READ_LIMIT,
-                "output_head": OUTPUT_HEAD,
-                "output_tail": OUTPUT_TAIL,
-            }
-        )
-        notify(on_progress, ProgressEvent("start", "forking warm interpreter"))
-        exit_message, child, stopped_for = self._follow(
-            run_id, token, started + deadline_s + WORKER_SLACK_S, on_progress, cancel_event, watch
-        )
-        # Whatever this run left could not all be removed: no later run may inherit it.
-        self.dirty = self.dirty or exit_message.get("dirty") is not False
-        if stopped_for is None and exit_message.get("killed_for") == "cancel":
-            raise ReproCancelled("the repro was cancelled")
-        ended = _ended(exit_message, child, started)
-        if stopped_for is not None:  # the worker saw a cancel; the reason is ours
-            ended = replace(ended, killed_for=stopped_for)
-        layers = self._layers(limits, child, r.timeout_s)
-        report = finish(
-            prepared, request, _left(exit_message), ended, layers, self.launch.warnings, "warm"
-        )
-        record_writes(report, prepared, self.project)
-        report.data["timing"]["server_wall_s"] = round(time.monotonic() - started, 4)
+        report = make_report(prepared, data, started)
         notify(on_progress, ProgressEvent("done", f"done: {report.status}"))
         return report
+
+    def recheck(self, mode: str) -> None:
+        """Decide bubblewrap again for one run, as a cold run would (`bwrap_decision`: a pass
+        is remembered for a moment, a failure is retried with a back-off): a bubblewrap that is
+        installed but fails refuses the run (`SandboxRefused`), and a decision other than the
+        one the worker was started with sends the run cold (`WorkerError`), so a run is never
+        weaker, nor stronger, than a cold run would be now."""
+        found = bwrap_decision(mode)
+        if (found.state == "works") != self.bwrap:
+            raise WorkerError(
+                f"bubblewrap is {found.state} now, not as when the warm worker started"
+            )
 
     def _follow(
         self,
@@ -396,8 +363,6 @@ class WarmWorker:
                 layer = Layer("capabilities", False, "NOT dropped in the run's user namespace")
             layers.append(layer)
         # The run's own rlimits, worded as a cold run's (one description: sandbox.limit_layers).
-        from torchls.probe.sandbox import limit_layers
-
         layers += [*limit_layers(limits), wall_clock_layer(timeout_s)]
         return layers
 
@@ -423,6 +388,78 @@ class WarmWorker:
             self._stop.set()
             self.launch.close()
             self.folder.remove()
+
+
+class OverChannel(Strategy):
+    """A warm run: the worker's project copy (renewed) and sandbox plan instead of new ones,
+    the run started and followed over the worker's channel instead of `supervise`, its report
+    and output read from the worker's exit message, its layers the worker's and the child's."""
+
+    def __init__(self, worker: WarmWorker) -> None:
+        self.worker = worker
+        self.exit: dict[str, Any] = {}
+        self.child: dict[str, Any] = {}
+
+    def request(self, prepared: Prepared, folder: RunFolder) -> dict[str, Any]:
+        return prepared.request(None, None)  # the worker picks the run's own folder
+
+    def stage(
+        self, prepared: Prepared, folder: RunFolder, spec: LaunchSpec, request: dict[str, Any]
+    ) -> tuple[ProjectView, SandboxPlan]:
+        worker = self.worker
+        worker.recheck(prepared.resolved.options.sandbox)
+        try:
+            # What an earlier run wrote into the project's copy, and the user's edits since.
+            worker.project.reset()
+        except (OSError, ReproUsageError) as error:
+            worker.dirty = True
+            raise WorkerError(f"the project's copy could not be renewed: {error}") from None
+        if worker.project.linked:
+            request["cwd"] = str(worker.project.copy_of(prepared.cwd))
+        return worker.project, worker.launch
+
+    def start(self, run: Run) -> Ended:
+        worker, r = self.worker, run.prepared.resolved
+        run_id = next(worker._ids)
+        # Only the worker knows it (never the run's child): messages without it are not ours.
+        token = secrets.token_hex(16)
+        # The project's copies are on the host's disk, as in a cold run: they may grow by the
+        # file-size limit in all, then the run is stopped (TL906, stopped_by "disk").
+        watch = disk_watch(run.view, r.options.file_size_mb)
+        deadline_s = r.timeout_s + KILL_GRACE_S
+        worker._send(
+            {
+                "op": "run",
+                "id": run_id,
+                "token": token,
+                "request": run.request,
+                "limits": _limits_json(run.limits),
+                "deadline_s": deadline_s,
+                "network": not worker.bwrap and not r.options.network,
+                "report_limit": REPORT_READ_LIMIT,
+                "output_head": OUTPUT_HEAD,
+                "output_tail": OUTPUT_TAIL,
+            }
+        )
+        hard_deadline = run.started + deadline_s + WORKER_SLACK_S
+        self.exit, self.child, stopped_for = worker._follow(
+            run_id, token, hard_deadline, run.on_progress, run.cancel_event, watch
+        )
+        # Whatever this run left could not all be removed: no later run may inherit it.
+        worker.dirty = worker.dirty or self.exit.get("dirty") is not False
+        ended = _ended(self.exit, self.child, run.started)
+        if stopped_for is not None:  # the worker saw a cancel; the reason is ours
+            ended = replace(ended, killed_for=stopped_for)
+        return ended
+
+    def collect(self, run: Run, ended: Ended) -> Left:
+        return _left(self.exit)
+
+    def layers(self, run: Run, ended: Ended) -> list[Layer]:
+        return self.worker._layers(run.limits, self.child, run.prepared.resolved.timeout_s)
+
+    def close(self, run: Run) -> None:
+        """Nothing: the plan is the worker's, closed with it."""
 
 
 def _limits_json(limits: Limits) -> dict[str, Any]:
