@@ -19,14 +19,19 @@ and `fields(cls)` as `dataclasses` has them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-try:
-    from typing import dataclass_transform
-except ImportError:  # Python 3.10: type checkers still learn it from typing_extensions stubs
+if TYPE_CHECKING:
+    # A type checker aimed at Python 3.10 has no `typing.dataclass_transform`; without it every
+    # record's `__init__` reads as taking no arguments. The stubs are the checker's own.
+    from typing_extensions import dataclass_transform
+else:
+    try:
+        from typing import dataclass_transform
+    except ImportError:  # Python 3.10 at run time: the decorator only marks the function
 
-    def dataclass_transform(**_: Any) -> Callable[[Any], Any]:  # type: ignore[no-redef]
-        return lambda function: function
+        def dataclass_transform(**_: Any) -> Callable[[Any], Any]:
+            return lambda function: function
 
 
 T = TypeVar("T")
