@@ -31,8 +31,11 @@ def _targets(node: ast.Import | ast.ImportFrom) -> list[tuple[str, list[str]]]:
             for alias in node.names
             if alias.name.startswith(PACKAGE + ".")
         ]
-    module = node.module or ""
     names = [alias.name for alias in node.names]
+    if node.level == 1:  # `from . import x`, `from .x import y`: inside this package
+        module = f"{PACKAGE}.{node.module}" if node.module else PACKAGE
+    else:
+        module = node.module or ""
     if module == PACKAGE:  # `from torchls.probe import causes`: the names are modules
         return [(name, []) for name in names]
     if module.startswith(PACKAGE + "."):
@@ -153,7 +156,12 @@ def test_the_visitor_sees_function_imports_and_skips_type_checking_blocks() -> N
         "    from torchls.probe.report import ReproReport\n"
         "def run():\n"
         "    from torchls.probe.sandbox import _secret\n"
+        "    from .view import ProjectView\n"
     )
     visitor = _Imports()
     visitor.visit(ast.parse(source))
-    assert visitor.found == [(2, "untrusted", [], False), (6, "sandbox", ["_secret"], True)]
+    assert visitor.found == [
+        (2, "untrusted", [], False),
+        (6, "sandbox", ["_secret"], True),
+        (7, "view", ["ProjectView"], True),
+    ]
