@@ -11,7 +11,9 @@ folder (the weights each rank saved, for the maximum difference). Out: finding d
   compared. The first differing tensor, the ranks, the boundary and the largest difference.
 - TL910 rank data overlap: in data-parallel training, two ranks got the same samples from a
   loader in one pass (sample fingerprints; a sample repeated within one rank's own batches
-  does not count, so a dataset of duplicates is not taken for overlap); and, for one rank's
+  does not count, so a dataset of duplicates is not taken for overlap). Reported at the cause:
+  on the DataLoader's construction when it has no DistributedSampler (the loop that read the
+  shared samples related), else on the loop; and, for one rank's
   own record, a loader with a shuffling DistributedSampler whose epoch never changed between
   two passes (`set_epoch` never called).
 - TL803 confirmed: every rank wrote the same checkpoint file.
@@ -275,7 +277,12 @@ def _overlap(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "dataset), shuffle left to the sampler)"
                 )
                 if built is not None:
-                    related.append((built, "this DataLoader has no DistributedSampler"))
+                    # The fix is made where the loader is built, not where it is read: the
+                    # finding goes there, the pass line that showed it is related.
+                    read = _loc(mine.get("where"))
+                    if read is not None and read.key() != built.key():
+                        related.append((read, "the ranks read the same samples here"))
+                    where = built
             message = (
                 f"ranks {first['rank']} and {other['rank']} received the same samples: "
                 f"{in_step} of the {batch_size} in batch {step + 1} of pass {number + 1} over "

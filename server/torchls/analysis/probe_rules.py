@@ -254,6 +254,11 @@ _DOCS: dict[str, tuple[str, str, str, str]] = {
         In a distributed repro (`--nproc N`) of data-parallel training, ranks that received
         the same samples from a loader (every batch fingerprinted sample by sample), or a
         `DistributedSampler` whose epoch never changes, so each epoch repeats the order.
+        Shared samples from a loader without a `DistributedSampler` are reported where the
+        run saw the `DataLoader` built, since that is the line to change, with the loop that
+        read them as related information; from a loader that has one (built with the wrong
+        rank or world size, say), and when the construction is not known, at that loop.
+        `# noqa: TL910` on either line silences it.
 
         ## Why it is wrong
         Duplicated samples waste the extra GPUs (the effective batch is smaller than it looks)
