@@ -12,15 +12,24 @@ findings to the verdicts by (code, line) and prints, per rule:
   ((true + defensible) / judged), for every severity (precision matters for W and E);
 * on the bug rows (the parent of an upstream fix commit): how many were caught, i.e. one of
   the row's expected codes was reported on that file, and how many of those codes are still
-  reported on the fixed version (a catch that survives the fix may be a coincidence).
+  reported on the fixed version (a catch that survives the fix may be a coincidence);
+* the bug rows' recall split by where the bug lives: `span` "one-function" (the value is made
+  and misused in one function body) or "spanning" (it travels through an attribute, a base
+  class, a returned tuple, a container, another method or another file; `construct` numbers
+  the way, 1..8, as in issue #30), and held-out rows (`heldout`: gathered after the object-model
+  work started, never tuned on) against the rest, per code. A spanning row lists every file
+  it spans in `paths`; an expected code reported on one of those other files is counted
+  apart ("elsewhere"), not as a catch, since the row's `path` is where the finding belongs.
 
 A row whose snapshot is missing is reported and skipped, never an error. Source trees are
 materialised once per (repository, commit) with `git ls-tree` / `git cat-file` into
 `$TORCHLS_CORPUS_CACHE` (default `~/.cache/torchls-corpus`); only Python sources and project
 config files are written, and blobs missing from a snapshot are skipped.
 
-Usage: python bench/real_corpus.py [--manifest PATH] [--only-clean | --only-bugs] [--json]
+Usage: python bench/real_corpus.py [--manifest PATH ...] [--only-clean | --only-bugs] [--json]
                                    [--torchls PATH] [--no-fixed]
+`--manifest` may be given several times (e.g. manifest.json and spanning.json); the rows of all
+of them are scored together.
 No timings, no thresholds: it prints figures for people to read.
 """
 
@@ -73,6 +82,38 @@ class Report:
     clean_repos: set[str] = field(default_factory=set)
     bug_rows: int = 0
     caught: int = 0
+    groups: dict[str, GroupCounts] = field(default_factory=dict)
+    bug_results: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class GroupCounts:
+    """Recall of one slice of the bug rows (one-function, spanning, held-out, ...)."""
+
+    rows: int = 0
+    caught: int = 0
+    elsewhere: int = 0
+    kept: int = 0
+    per_code: dict[str, list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
+
+    def add(self, expect: list[str], codes: set[str], hit: bool, other: bool, kept: bool) -> None:
+        self.rows += 1
+        self.caught += hit
+        self.elsewhere += other and not hit
+        self.kept += kept
+        for code in expect:
+            self.per_code[code][0] += 1
+            self.per_code[code][1] += code in codes
+
+
+def bug_groups(entry: dict) -> list[str]:
+    """The slices a bug row counts in: its span (or "unlabelled") and held-out or not."""
+    span = entry.get("span") or "unlabelled"
+    names = [f"span: {span}"]
+    if span == "spanning" and entry.get("construct"):
+        names.append(f"construct {entry['construct']}")
+    names.append("held-out" if entry.get("heldout") else "not held-out")
+    return names
 
 
 # --- snapshots -------------------------------------------------------------------------------
@@ -210,18 +251,21 @@ def score(entries: list[dict], torchls: list[str], check_fixed: bool) -> Report:
         groups[(entry["repo"], entry["commit"])].append(entry)
     fixed_groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     outputs: dict[int, list[dict]] = {}
+    others: dict[int, list[dict]] = {}  # findings on the row's other files (spanning rows)
     for (repo, commit), rows in sorted(groups.items()):
         root = materialise(repo, commit)
         if root is None:
             for row in rows:
                 report.skipped.append(f"{repo}@{commit[:10]}:{row['path']} (no snapshot)")
             continue
-        found = run_torchls(torchls, root, [row["path"] for row in rows])
+        wanted = list(dict.fromkeys(p for row in rows for p in [row["path"], *row_paths(row)]))
+        found = run_torchls(torchls, root, wanted)
         for row in rows:
             if row["path"] not in found:
                 report.skipped.append(f"{repo}@{commit[:10]}:{row['path']} (file missing)")
                 continue
             outputs[id(row)] = found[row["path"]]
+            others[id(row)] = [f for p in row_paths(row) for f in found.get(p, [])]
             if row["kind"] == "bug" and check_fixed and row.get("fix_commit"):
                 fixed_groups[(repo, row["fix_commit"])].append(row)
     fixed_outputs: dict[int, list[dict]] = {}
@@ -275,6 +319,25 @@ def score(entries: list[dict], torchls: list[str], check_fixed: bool) -> Report:
             hit = bool(codes & set(expect))
             report.caught += hit
             after = {f["code"] for f in fixed_outputs.get(id(entry), [])}
+            other = bool({f["code"] for f in others.get(id(entry), [])} & set(expect))
+            kept = hit and bool(codes & set(expect) & after)
+            for name in bug_groups(entry):
+                report.groups.setdefault(name, GroupCounts()).add(expect, codes, hit, other, kept)
+            report.bug_results.append(
+                {
+                    "repo": entry["repo"],
+                    "path": entry["path"],
+                    "fix_commit": entry.get("fix_commit", ""),
+                    "expect": expect,
+                    "span": entry.get("span") or "unlabelled",
+                    "construct": entry.get("construct"),
+                    "heldout": bool(entry.get("heldout")),
+                    "caught": hit,
+                    "elsewhere": other and not hit,
+                    "kept_after_fix": kept,
+                    "reported": sorted(codes),
+                }
+            )
             for code in expect:
                 counts = report.rules[code]
                 counts.bug_rows += 1
@@ -291,6 +354,11 @@ def score(entries: list[dict], torchls: list[str], check_fixed: bool) -> Report:
                     }
                 )
     return report
+
+
+def row_paths(row: dict) -> list[str]:
+    """The other files a bug row spans (its `paths` without its own `path`)."""
+    return [p for p in row.get("paths", []) if p != row["path"]]
 
 
 # --- output ----------------------------------------------------------------------------------
@@ -333,6 +401,8 @@ def print_table(report: Report, out=sys.stdout) -> None:
     recall = report.caught / report.bug_rows if report.bug_rows else None
     write(f"bug rows caught: {report.caught}/{report.bug_rows} (recall {_fmt(recall)})\n")
     write("(kept: expected code still reported on the fixed version)\n")
+    if report.groups:
+        print_groups(report, out)
     if report.missed:
         write("\nmissed bug rows:\n")
         for m in report.missed:
@@ -357,6 +427,39 @@ def print_table(report: Report, out=sys.stdout) -> None:
             write(f"  {s}\n")
 
 
+def _group_order(name: str) -> tuple[int, str]:
+    order = ("span: one-function", "span: spanning", "construct", "span: unlabelled", "held-out")
+    for rank, prefix in enumerate(order):
+        if name.startswith(prefix):
+            return rank, name
+    return len(order), name
+
+
+def print_groups(report: Report, out=sys.stdout) -> None:
+    """Recall per slice of the bug rows, then per code inside each slice, then every row."""
+    write = out.write
+    write("\nbug-row recall by slice (elsewhere: expected code only on another file it spans)\n")
+    write(f"{'slice':22} {'rows':>4} {'caught':>6} {'recall':>6} {'elsewhere':>9} {'kept':>4}\n")
+    for name, g in sorted(report.groups.items(), key=lambda kv: _group_order(kv[0])):
+        recall = g.caught / g.rows if g.rows else None
+        write(f"{name:22} {g.rows:4} {g.caught:6} {_fmt(recall):>6} {g.elsewhere:9} {g.kept:4}\n")
+    write("\nper code inside each slice (caught/rows expecting it)\n")
+    for name, g in sorted(report.groups.items(), key=lambda kv: _group_order(kv[0])):
+        if name.startswith("construct"):
+            continue
+        cells = ", ".join(f"{code} {c}/{n}" for code, (n, c) in sorted(g.per_code.items()))
+        write(f"  {name:20} {cells}\n")
+    write("\nbug rows:\n")
+    for r in sorted(report.bug_results, key=lambda r: (r["span"], r["repo"], r["path"])):
+        mark = "caught" if r["caught"] else ("elsewhere" if r["elsewhere"] else "missed")
+        where = r["span"] + (f"/{r['construct']}" if r["construct"] else "")
+        tag = " held-out" if r["heldout"] else ""
+        write(
+            f"  {mark:9} {where:14} {','.join(r['expect']):11} {r['repo']}:{r['path']}"
+            f" fix {r['fix_commit'][:10]}{tag}\n"
+        )
+
+
 def as_json(report: Report) -> dict:
     rules = {}
     for code, c in sorted(report.rules.items()):
@@ -379,6 +482,18 @@ def as_json(report: Report) -> dict:
         "bug_rows": report.bug_rows,
         "caught": report.caught,
         "rules": rules,
+        "slices": {
+            name: {
+                "rows": g.rows,
+                "caught": g.caught,
+                "recall": g.caught / g.rows if g.rows else None,
+                "elsewhere": g.elsewhere,
+                "kept_after_fix": g.kept,
+                "per_code": {code: {"rows": n, "caught": c} for code, (n, c) in g.per_code.items()},
+            }
+            for name, g in sorted(report.groups.items(), key=lambda kv: _group_order(kv[0]))
+        },
+        "bug_results": report.bug_results,
         "missed": report.missed,
         "unjudged": report.unjudged,
         "stale": report.stale,
@@ -388,7 +503,12 @@ def as_json(report: Report) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--manifest", type=Path, default=DEFAULT_MANIFEST)
+    parser.add_argument(
+        "--manifest",
+        type=Path,
+        action="append",
+        help="a manifest to score (repeatable; default: corpus/manifest.json)",
+    )
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--only-clean", action="store_true", help="only the clean rows")
     which.add_argument("--only-bugs", action="store_true", help="only the bug rows")
@@ -398,8 +518,10 @@ def main(argv: list[str] | None = None) -> int:
         "--no-fixed", action="store_true", help="do not check the fixed version of bug rows"
     )
     args = parser.parse_args(argv)
-    manifest = json.loads(args.manifest.read_text())
-    entries = manifest["entries"] if isinstance(manifest, dict) else manifest
+    entries = []
+    for path in args.manifest or [DEFAULT_MANIFEST]:
+        manifest = json.loads(path.read_text())
+        entries.extend(manifest["entries"] if isinstance(manifest, dict) else manifest)
     if args.only_clean:
         entries = [e for e in entries if e["kind"] == "clean"]
     elif args.only_bugs:
