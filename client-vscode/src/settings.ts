@@ -24,6 +24,11 @@ export interface ProbeSettings {
     readonly network: boolean;
     /** Ranks under torchrun (a distributed repro); null: one process. */
     readonly nproc: number | null;
+    /**
+     * "auto" | "bwrap" | "none"; any other string goes to the server as typed, so that its
+     * warning names the allowed values (a typo then keeps the sandbox on, never off).
+     */
+    readonly sandbox: string;
 }
 
 export interface ExtensionSettings {
@@ -81,6 +86,7 @@ export const DEFAULT_SETTINGS: ExtensionSettings = {
         writable: [],
         network: false,
         nproc: null,
+        sandbox: "auto",
     },
 };
 
@@ -163,6 +169,7 @@ export function readSettings(reader: ConfigReader): ExtensionSettings {
             writable: stringArray(reader.get("probe.writable")),
             network: reader.get("probe.network") === true,
             nproc: optionalCount(reader.get("probe.nproc")),
+            sandbox: text(reader.get("probe.sandbox")) || defaults.probe.sandbox,
         },
     };
 }

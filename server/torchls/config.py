@@ -309,6 +309,13 @@ def _probe_table(raw: dict[str, Any], path: Path) -> dict[str, Any]:
             f"{where} network: a project file cannot open the network for the code it ships; "
             "pass --network (or the editor setting torchls.probe.network) yourself"
         )
+    if "sandbox" in raw:
+        # Like the network: a downloaded project could switch the sandbox off for its own code.
+        raise ConfigError(
+            f"{where} sandbox: a project file cannot choose the sandbox for the code it ships; "
+            "pass --sandbox auto|bwrap|none (or the editor setting torchls.probe.sandbox) "
+            "yourself"
+        )
     return probe
 
 
@@ -357,7 +364,7 @@ def load_config_file(path: str | Path) -> ProjectConfig:
     probe = table.get("probe", {})
     if not isinstance(probe, dict):
         raise ConfigError(f"{path}: [tool.torchls] probe must be a table")
-    unknown_probe = sorted(set(probe) - PROBE_KEYS - {"network"})
+    unknown_probe = sorted(set(probe) - PROBE_KEYS - {"network", "sandbox"})
     if unknown_probe:
         raise ConfigError(f"{path}: unknown key {unknown_probe[0]!r} in [tool.torchls.probe]")
     probe = _probe_table(probe, path)

@@ -36,6 +36,7 @@ describe("readSettings", () => {
                 "probe.writable": ["runs", 3, ""],
                 "probe.network": "yes",
                 "probe.nproc": 2,
+                "probe.sandbox": " none ",
             }),
         );
         expect(settings).toEqual({
@@ -58,6 +59,7 @@ describe("readSettings", () => {
                 // Only `true` opens the network: a string of the wrong type must not.
                 network: false,
                 nproc: 2,
+                sandbox: "none",
             },
         });
     });
@@ -79,6 +81,12 @@ describe("readSettings", () => {
         expect(settings.importStrategy).toBe("fromEnvironment");
         expect(settings.probe.steps).toBe(DEFAULT_SETTINGS.probe.steps);
         expect(settings.probe.memory).toBe(DEFAULT_SETTINGS.probe.memory);
+    });
+
+    it("forwards a misspelt sandbox for the server to reject, and a blank one as auto", () => {
+        expect(readSettings(reader({ "probe.sandbox": "off" })).probe.sandbox).toBe("off");
+        expect(readSettings(reader({ "probe.sandbox": "" })).probe.sandbox).toBe("auto");
+        expect(readSettings(reader({ "probe.sandbox": false })).probe.sandbox).toBe("auto");
     });
 
     it("accepts run in any case and a plain-string interpreter with spaces", () => {

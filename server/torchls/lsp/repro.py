@@ -180,6 +180,8 @@ def probe_options(
             writable=tuple(str(relative(w)) for w in writable or ()),
             network=bool(probe.network),
             nproc=probe.nproc,
+            # Only the user's own settings reach this: a project file cannot name it.
+            sandbox=probe.sandbox or "auto",
         ),
         project,
     )

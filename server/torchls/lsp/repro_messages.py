@@ -19,6 +19,8 @@ from lsprotocol import types
 from torchls.probe.untrusted import notification as _plain
 
 PYTHON_SETTING = "torchls.probe.python"
+SANDBOX_SETTING = "torchls.probe.sandbox"
+BY_REQUEST = "disabled by request (--sandbox none)"  # the probe's word for the mode `none`
 BWRAP_LAYERS = {"bubblewrap", "filesystem", "pid_namespace", "network"}
 UNTRUSTED = (
     "torchls: this workspace is not trusted, so the repro (which runs your training code) is "
@@ -40,14 +42,15 @@ def usage_failure(message: str, python: str, python_source: str) -> str:
     if message.startswith("file not found"):
         return "torchls: the repro runs the file saved on disk, and there is none: save it first."
     if message.startswith("sandbox refused"):
-        # The editor has no flag to pass: the opt-out is the CLI's, said as such.
+        # The editor takes no flags: its opt-out is the user's setting, the CLI's the flag.
         message = message.replace(
             "with --sandbox none",
-            "with `torchls repro --sandbox none FILE` in a terminal (no setting turns it off "
-            "in the editor)",
+            f'with the setting `{SANDBOX_SETTING}: "none"` (or `torchls repro --sandbox none '
+            "FILE` in a terminal)",
         )
         return f"torchls: the repro was refused: {message}."
     if "bubblewrap" in message:
+        message = message.replace("--sandbox bwrap", f'`{SANDBOX_SETTING}: "bwrap"`')
         return f"torchls: the repro could not start: {message}. Install bubblewrap."
     message = re.sub(r"--(steps|timeout|memory|device)\b", r"torchls.probe.\1", message)
     return f"torchls: the repro could not start: {message}"
@@ -135,6 +138,10 @@ def sandbox_problem(data: dict[str, Any]) -> str | None:
         else ""
     )
     summary = sandbox.get("summary")
+    if isinstance(summary, str) and BY_REQUEST in summary:
+        # The user's own setting turned bubblewrap off: installing it changes nothing.
+        summary = summary.replace(BY_REQUEST, f'{SANDBOX_SETTING} is "none"')
+        fix = f' Set `{SANDBOX_SETTING}` to "auto" to run sandboxed again.'
     if isinstance(summary, str) and summary:
         return f"torchls: the repro ran with weaker isolation: {_plain(summary, 1000)}." + fix
     return (

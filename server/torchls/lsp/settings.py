@@ -8,8 +8,9 @@ The repro's settings live under `probe` (`{"probe": {"steps": 2}}`, or the dotte
 clients send flat: `{"probe.steps": 2}`): `device`, `steps`, `timeout` (seconds), `memory` (MB)
 `python` (the interpreter that has the user's torch; empty means "not set"), `args` (the
 script's arguments: a shell-quoted string or a list), `spec`, `cwd` and `writable` (paths
-relative to the workspace), `nproc` (ranks under torchrun) and `network` (the one setting no
-project file can give).
+relative to the workspace), `nproc` (ranks under torchrun), and `network` and `sandbox`
+(`auto`, `bwrap` or `none`): the two settings no project file can give, since a downloaded
+project must not open the network or switch the sandbox off for the code it ships.
 
 Layers, later wins key by key: defaults < initializationOptions < workspace/configuration (the
 live value the editor holds). A `null` or missing key leaves the lower layer in force. Values of
@@ -25,6 +26,7 @@ from torchls.config import DEVICE_CHOICES, DEVICE_PATTERN
 from torchls.records import field, record, replace
 
 SECTION = "torchls"
+SANDBOX_MODES = ("auto", "bwrap", "none")
 RunMode = Literal["onType", "onSave"]
 
 
@@ -44,6 +46,7 @@ class ProbeSettings:
     writable: tuple[str, ...] | None = None  # more folders the run may write, through a copy
     network: bool | None = None  # the run may reach the network (trusted workspaces only)
     nproc: int | None = None  # ranks under torchrun (a distributed repro); None: one process
+    sandbox: str | None = None  # auto|bwrap|none (the probe's --sandbox); None: auto
 
 
 @record(frozen=True)
@@ -166,6 +169,16 @@ def _apply_probe(base: ProbeSettings, raw: Mapping[str, Any]) -> tuple[ProbeSett
             changes["network"] = network
         else:
             problems.append("torchls.probe.network must be true or false")
+    if (sandbox := raw.get("sandbox")) is not None:
+        mode = sandbox.strip().lower() if isinstance(sandbox, str) else None
+        if mode in SANDBOX_MODES:
+            changes["sandbox"] = mode
+        elif mode != "":  # an empty string is what clients send for "not set"
+            # A typo must not leave the user believing the sandbox is what they asked for.
+            problems.append(
+                f'torchls.probe.sandbox must be "auto", "bwrap" or "none", got {sandbox!r} '
+                "(the repro keeps the sandbox it had)"
+            )
     return replace(base, **changes), problems
 
 

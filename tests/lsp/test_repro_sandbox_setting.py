@@ -1,0 +1,215 @@
+"""The editor's sandbox setting, `torchls.probe.sandbox` (issue #31 part 1), with a real server.
+
+Each run goes through `torchls.runRepro` over stdio, with a bubblewrap on the server's PATH that
+always fails (a wrapper that exits 1), so what the run does shows which mode reached it: under
+`auto` or `bwrap` it is refused, under `none` it runs, unsandboxed, and the editor says first
+that the protections are off. A project's `pyproject.toml` naming `sandbox` cannot weaken it
+(its file is refused, the run stays sandboxed), and a misspelt value is rejected with the
+allowed values named, leaving the sandbox on. The settings and project-file readers are also
+checked on their own.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lsprotocol import types
+
+from torchls.config import ConfigError, load_config_file
+from torchls.lsp.repro_messages import usage_failure
+from torchls.lsp.settings import Settings, apply_settings
+
+from .support import Doc, RecordingClient, diagnostics_of, open_doc, session
+
+pytest.importorskip("torch")
+if not sys.platform.startswith("linux"):
+    pytest.skip("the sandboxed repro runs on Linux", allow_module_level=True)
+
+TRAIN = """\
+import torch
+
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(10):
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+WEAKER = "torchls: the repro ran with weaker isolation: "
+OPT_OUT = 'the setting `torchls.probe.sandbox: "none"`'
+
+
+def _configuration(sandbox: Any = None) -> dict[str, Any]:
+    probe: dict[str, Any] = {"device": "cpu", "timeout": 30}
+    if sandbox is not None:
+        probe["sandbox"] = sandbox
+    return {"probe": probe}
+
+
+@pytest.fixture
+def failing_bwrap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A bubblewrap that is installed but fails, first on the PATH the server inherits."""
+    wrappers = tmp_path / "failing-bin"
+    wrappers.mkdir()
+    script = wrappers / "bwrap"
+    script.write_text('#!/bin/sh\necho "bwrap: simulated failure" >&2\nexit 1\n', encoding="utf-8")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{wrappers}{os.pathsep}{os.environ['PATH']}")
+    return script
+
+
+async def _run(client: RecordingClient, doc: Doc) -> dict[str, Any]:
+    result = await client.workspace_execute_command_async(
+        types.ExecuteCommandParams(command="torchls.runRepro", arguments=[{"uri": doc.uri}])
+    )
+    assert isinstance(result, dict), result
+    return result
+
+
+async def _opened(client: RecordingClient, path: Path) -> Doc:
+    since = len(client.publishes)
+    doc = open_doc(client, path, TRAIN)
+    await diagnostics_of(client, doc, since)
+    return doc
+
+
+def _texts(client: RecordingClient) -> list[str]:
+    return [m.message for m in client.messages]
+
+
+async def test_none_reaches_the_run_and_the_editor_says_the_protections_are_off(
+    tmp_path: Path, failing_bwrap: Path
+):
+    root = tmp_path / "workspace"
+    async with session("visual_studio_code", configuration=_configuration("none"), root=root) as (
+        client
+    ):
+        doc = await _opened(client, root / "train.py")
+        first = await _run(client, doc)
+        second = await _run(client, doc)
+
+        # Under auto this bubblewrap refuses every run: `none` was the mode the probe got.
+        assert first["status"] == second["status"] == "ok", first
+        notices = [m for m in client.messages if m.message.startswith(WEAKER)]
+        assert len(notices) == 1, _texts(client)  # once per session, not per run
+        notice = notices[0]
+        assert notice.type == types.MessageType.Warning
+        assert notice.message.startswith(
+            f'{WEAKER}sandbox DEGRADED (torchls.probe.sandbox is "none"): active: '
+        )
+        # The way back is the setting; bubblewrap is installed, so no advice to install it.
+        assert notice.message.endswith(
+            'Set `torchls.probe.sandbox` to "auto" to run sandboxed again.'
+        )
+        assert "Install bubblewrap" not in notice.message
+        # Every layer bubblewrap gives is named as missing.
+        missing = notice.message.split("NOT active: ", 1)[1]
+        for layer in ("bubblewrap", "filesystem", "home"):
+            assert layer in missing
+        assert not any("refused" in text for text in _texts(client))
+
+
+async def test_bwrap_with_a_failing_bubblewrap_refuses_and_names_the_setting(
+    tmp_path: Path, failing_bwrap: Path
+):
+    root = tmp_path / "workspace"
+    async with session("visual_studio_code", configuration=_configuration("bwrap"), root=root) as (
+        client
+    ):
+        doc = await _opened(client, root / "train.py")
+        result = await _run(client, doc)
+
+        assert result["status"] == "failed"
+        message = result["message"]
+        assert message.startswith(
+            "torchls: the repro was refused: sandbox refused (--sandbox bwrap)"
+        )
+        assert "bwrap: simulated failure" in message
+        assert OPT_OUT in message and "`torchls repro --sandbox none FILE`" in message
+        assert "no setting" not in message
+        errors = [m for m in client.messages if m.type == types.MessageType.Error]
+        assert [m.message for m in errors if "sandbox refused" in m.message] == [message]
+        assert not any(text.startswith(WEAKER) for text in _texts(client))
+
+
+async def test_a_project_file_cannot_turn_the_sandbox_off(tmp_path: Path, failing_bwrap: Path):
+    root = tmp_path / "workspace"
+    root.mkdir()
+    (root / "pyproject.toml").write_text(
+        '[tool.torchls.probe]\nsandbox = "none"\nsteps = 1\n', encoding="utf-8"
+    )
+    async with session("visual_studio_code", configuration=_configuration(), root=root) as client:
+        doc = await _opened(client, root / "train.py")
+        result = await _run(client, doc)
+
+        # Still sandboxed (auto), so this bubblewrap refuses the run.
+        assert result["status"] == "failed"
+        assert result["message"].startswith("torchls: the repro was refused: sandbox refused")
+        assert OPT_OUT in result["message"]
+        said = [text for text in _texts(client) if "sandbox:" in text and "pyproject" in text]
+        assert said, _texts(client)
+        assert "a project file cannot choose the sandbox" in said[0]
+        assert "torchls.probe.sandbox" in said[0]
+
+
+async def test_a_misspelt_value_is_rejected_with_the_allowed_values_and_the_sandbox_stays_on(
+    tmp_path: Path, failing_bwrap: Path
+):
+    root = tmp_path / "workspace"
+    async with session("visual_studio_code", configuration=_configuration("off"), root=root) as (
+        client
+    ):
+        doc = await _opened(client, root / "train.py")
+        result = await _run(client, doc)
+
+        invalid = [text for text in _texts(client) if "torchls.probe.sandbox must be" in text]
+        assert invalid, _texts(client)
+        assert '"auto", "bwrap" or "none"' in invalid[0] and "'off'" in invalid[0]
+        assert result["status"] == "failed"
+        assert result["message"].startswith("torchls: the repro was refused: sandbox refused")
+
+
+def test_settings_read_the_three_modes_and_reject_anything_else():
+    for raw, mode in (("auto", "auto"), ("bwrap", "bwrap"), (" None ", "none")):
+        settings, problems = apply_settings(Settings(), {"probe": {"sandbox": raw}})
+        assert (settings.probe.sandbox, problems) == (mode, [])
+    # The dotted key some clients send flat, over an earlier layer.
+    earlier, _ = apply_settings(Settings(), {"probe": {"sandbox": "bwrap"}})
+    later, problems = apply_settings(earlier, {"probe.sandbox": "none"})
+    assert (later.probe.sandbox, problems) == ("none", [])
+    # Empty is "not set": the lower layer stays.
+    kept, problems = apply_settings(earlier, {"probe": {"sandbox": ""}})
+    assert (kept.probe.sandbox, problems) == ("bwrap", [])
+    for bad in ("off", False, 0):
+        kept, problems = apply_settings(earlier, {"probe": {"sandbox": bad}})
+        assert kept.probe.sandbox == "bwrap"
+        assert len(problems) == 1 and '"auto", "bwrap" or "none"' in problems[0]
+
+
+def test_a_project_file_naming_sandbox_is_refused_whatever_the_value(tmp_path: Path):
+    for value in ("none", "bwrap", "auto"):
+        path = tmp_path / value / "pyproject.toml"
+        path.parent.mkdir()
+        path.write_text(f'[tool.torchls.probe]\nsandbox = "{value}"\n', encoding="utf-8")
+        with pytest.raises(ConfigError) as caught:
+            load_config_file(path)
+        text = str(caught.value)
+        assert "[tool.torchls.probe] sandbox: a project file cannot choose the sandbox" in text
+        assert "--sandbox" in text and "torchls.probe.sandbox" in text
+
+
+def test_a_missing_bubblewrap_under_bwrap_names_the_setting():
+    message = usage_failure(
+        "--sandbox bwrap: bubblewrap is not usable here: bubblewrap is not installed",
+        "python",
+        "setting",
+    )
+    assert message.startswith(
+        'torchls: the repro could not start: `torchls.probe.sandbox: "bwrap"`'
+    )
+    assert message.endswith("Install bubblewrap.")
