@@ -23,7 +23,8 @@ from torchls.config import ConfigError, load_config_file
 from torchls.lsp.repro_messages import usage_failure
 from torchls.lsp.settings import Settings, apply_settings
 
-from .support import Doc, RecordingClient, diagnostics_of, open_doc, session
+from .support import TRAIN as FLAGGED
+from .support import Doc, RecordingClient, codes, diagnostics_of, open_doc, session
 
 pytest.importorskip("torch")
 if not sys.platform.startswith("linux"):
@@ -170,6 +171,36 @@ async def test_a_misspelt_value_is_rejected_with_the_allowed_values_and_the_sand
         invalid = [text for text in _texts(client) if "torchls.probe.sandbox must be" in text]
         assert invalid, _texts(client)
         assert '"auto", "bwrap" or "none"' in invalid[0] and "'off'" in invalid[0]
+        assert result["status"] == "failed"
+        assert result["message"].startswith("torchls: the repro was refused: sandbox refused")
+
+
+async def test_turning_none_back_to_auto_sandboxes_the_very_next_run(
+    tmp_path: Path, failing_bwrap: Path
+):
+    """A run under `none` leaves nothing weaker behind (a warm worker, say): once the setting
+    is back to auto the next run meets this bubblewrap again and is refused."""
+    root = tmp_path / "workspace"
+    async with session("visual_studio_code", configuration=_configuration("none"), root=root) as (
+        client
+    ):
+        doc = await _opened(client, root / "train.py")
+        assert (await _run(client, doc))["status"] == "ok"
+        # A document whose diagnostics the new settings change: their republish says the new
+        # settings are in force before the next run is asked for.
+        marker = open_doc(client, root / "flagged.py", FLAGGED)
+        flagged = codes(await diagnostics_of(client, marker, 0))
+        assert flagged
+        mark = len(client.publishes)
+        changed = {**_configuration("auto"), "ignore": sorted(set(flagged))}
+        client.set_configuration(changed, section="torchls")
+        client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings=None))
+        if client.pull:
+            assert codes(await diagnostics_of(client, marker, mark)) == []
+        else:
+            await client.wait_for_publish(lambda p: p.uri == marker.uri and not p.diagnostics, mark)
+
+        result = await _run(client, doc)
         assert result["status"] == "failed"
         assert result["message"].startswith("torchls: the repro was refused: sandbox refused")
 
