@@ -17,7 +17,7 @@ Rules ask these questions instead of matching names themselves; that is what kee
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from torchls.analysis.queries.calls import SummaryQueries
 from torchls.analysis.queries.flow import FlowQueries
@@ -61,6 +61,8 @@ from torchls.analysis.source import ParsedSource
 if TYPE_CHECKING:
     from torchls.analysis.resolver import CachedView, Definition, Workspace
     from torchls.analysis.summaries import Summary
+
+Provided = TypeVar("Provided")
 
 __all__ = [
     "ACTIVATION_MODULES",
@@ -151,6 +153,8 @@ class Facts(IndexQueries, KindQueries, ValueQueries, FlowQueries, SummaryQueries
         self._argument_values: dict[int, tuple[list[ast.expr], ast.expr | None]] = {}
         self._function_parameters: dict[ast.AST, set[str]] = {}
         self._argument_value_of: dict[ast.Name, ast.expr | None] = {}
+        # Separate analyses over these facts (`facts.get(ObjectModel)`), built once each.
+        self._provided: dict[type, Any] = {}
         if not self._reuse_index():
             self._collect()
             project = getattr(workspace, "workspace", workspace)
@@ -158,6 +162,15 @@ class Facts(IndexQueries, KindQueries, ValueQueries, FlowQueries, SummaryQueries
                 self._keep_index()
         self.adopt_star_imports()
         self.adopt_free_torch()
+
+    def get(self, provider: type[Provided]) -> Provided:
+        """The analysis `provider` (a class taking these facts, such as `ObjectModel`) of
+        this file, built on first use and shared by every rule afterwards."""
+        try:
+            return self._provided[provider]
+        except KeyError:
+            made = self._provided[provider] = provider(self)  # type: ignore[call-arg]
+            return made
 
     def release(self) -> None:
         """Drop every table and memo. Memos hold the facts themselves (a callee is `(facts,

@@ -13,46 +13,47 @@ import ast
 import re
 from typing import TYPE_CHECKING
 
+from torchls.analysis.findings import Related
+from torchls.analysis.objects import ObjectModel, Value
+
 if TYPE_CHECKING:
     from torchls.analysis.facts import Facts
 
 
 def scheduler_constructors(facts: Facts, expr: ast.AST | None, depth: int = 0) -> list[ast.Call]:
     """Every scheduler constructor call `expr` may hold (all its bindings; for a parameter,
-    the arguments of its in-file call sites), or [] when any binding is unknown (a parameter
-    no call here passes, a factory, a loop target)."""
+    the arguments of its in-file call sites; for a name unpacked from a call, that position
+    of the tuple the callee returns; for `self.x`, its assignments here or in a base class),
+    or [] when any binding is unknown (a parameter no call here passes, a loop target). A
+    constructor found in another file is answered in that file's terms by `schedule_design`
+    (the object model remembers where it is)."""
+    found = _constructors(facts, expr, depth)
+    model = facts.get(ObjectModel)
+    model.note([Value(owner, call) for owner, call in found])
+    return [call for _, call in found]
+
+
+def _constructors(facts: Facts, expr: ast.AST | None, depth: int) -> list[tuple[Facts, ast.Call]]:
     if expr is None or depth > 4:
         return []
-    values: list[ast.expr] = []
-    if isinstance(expr, ast.Name) and facts.parameter_of(expr) is not None:
-        # A parameter: what every in-file call site passes for it (`train(..., scheduler)`).
-        arguments = facts.parameter_arguments(expr)
-        if not arguments:
+    if isinstance(expr, (ast.Name, ast.Attribute)):
+        values = facts.get(ObjectModel).values(expr)
+        if not values:
             return []
-        values = list(arguments)
-    elif isinstance(expr, ast.Name):
-        scope = facts.scope(expr)
-        assignments = facts.assignments_of(expr.id, scope)  # type: ignore[arg-type]
-        if not assignments and scope is not facts.tree:
-            assignments = facts.assignments_of(expr.id, facts.tree)
-        for assignment in assignments:
-            if assignment.value is None or assignment.index is not None or assignment.loop:
-                return []
-            values.append(assignment.value)
-    elif isinstance(expr, ast.Attribute):
-        values = facts.self_attribute_values(expr)
     else:
-        values = [expr]  # type: ignore[list-item]
-    found: list[ast.Call] = []
+        values = [Value(facts, expr)]  # type: ignore[arg-type]
+    found: list[tuple[Facts, ast.Call]] = []
     for value in values:
-        resolved = _constructors_in_value(facts, value, depth)
+        resolved = _constructors_in_value(value.facts, value.expr, depth)
         if resolved is None:
             return []
         found.extend(resolved)
     return found
 
 
-def _constructors_in_value(facts: Facts, value: ast.expr, depth: int) -> list[ast.Call] | None:
+def _constructors_in_value(
+    facts: Facts, value: ast.expr, depth: int
+) -> list[tuple[Facts, ast.Call]] | None:
     if isinstance(value, ast.Constant) and value.value is None:
         return []
     if isinstance(value, ast.IfExp):
@@ -62,10 +63,10 @@ def _constructors_in_value(facts: Facts, value: ast.expr, depth: int) -> list[as
     if isinstance(value, ast.Call):
         kind = facts.kind_of(value)
         if kind is not None and kind.kind == "scheduler" and kind.node is value and kind.detail:
-            return [value]
+            return [(facts, value)]
         return None
     if isinstance(value, (ast.Name, ast.Attribute)):
-        found = scheduler_constructors(facts, value, depth + 1)
+        found = _constructors(facts, value, depth + 1)
         return found or None
     return None
 
@@ -155,10 +156,23 @@ def _project_only_bases(facts: Facts, node: ast.ClassDef, depth: int = 0) -> boo
 def scheduler_type(facts: Facts, expr: ast.AST | None) -> tuple[str, list[ast.Call]] | None:
     """("StepLR", constructors) when every binding of `expr` builds the same scheduler type."""
     constructors = scheduler_constructors(facts, expr)
-    names = {facts.short_name(c) for c in constructors}
+    model = facts.get(ObjectModel)
+    names = {model.owner_of(c).short_name(c) for c in constructors}
     if len(names) != 1:
         return None
     return names.pop(), constructors
+
+
+def constructor_related(facts: Facts, constructors: list[ast.Call]) -> tuple[Related, ...]:
+    """Where each scheduler was built, for a finding reported where it is stepped: the
+    construction is often in another function or file (`prepare_model()` returning it)."""
+    model = facts.get(ObjectModel)
+    related = []
+    for constructor in constructors:
+        owner = model.owner_of(constructor)
+        filename = owner.filename if owner is not facts else None
+        related.append(Related(owner.source.span(constructor), "scheduler built here", filename))
+    return tuple(related)
 
 
 def call_argument(call: ast.Call, name: str, index: int) -> ast.expr | None:
@@ -227,6 +241,7 @@ LENGTH_PARAMETERS = {
 
 def schedule_design(facts: Facts, constructor: ast.Call) -> str | None:
     """How the schedule is meant to be stepped: "epoch", "batch", or None (cannot tell)."""
+    facts = facts.get(ObjectModel).owner_of(constructor)
     name = facts.short_name(constructor)
     if name == "ReduceLROnPlateau":
         return "epoch"

@@ -24,6 +24,7 @@ from torchls.analysis.rules._edits import (
 )
 from torchls.analysis.schedulers import (
     call_argument,
+    constructor_related,
     hand_written_scheduler,
     schedule_design,
     scheduler_type,
@@ -401,6 +402,7 @@ def epoch_scheduler_stepped_per_batch(facts: Facts) -> Iterator[Hit]:
                 "batch: the schedule runs as many times too fast as there are batches per "
                 "epoch; step it once per epoch, after the batch loop",
                 _move_after_loop(facts, call, loop),
+                constructor_related(facts, constructors),
             )
         elif design == "batch":
             if not _stepped_per_epoch(facts, call):
@@ -409,6 +411,7 @@ def epoch_scheduler_stepped_per_batch(facts: Facts) -> Iterator[Hit]:
                 call,
                 f"`{scheduler_text}` ({name}) is sized in batches, but it is stepped once per "
                 "epoch: the schedule barely moves; step it after every `optimizer.step()`",
+                related=constructor_related(facts, constructors),
             )
 
 

@@ -1,0 +1,294 @@
+"""The object model: what a class's attributes and a function's tuple positions hold.
+
+Why: the value-kind questions (`kind_of`, `origins`, the scheduler constructors) follow a
+value through local names, but a training script spreads it over objects: `self.criterion`
+built in a base class's `fit` in another file, a scheduler returned at position 2 of a
+5-tuple and handed on as a parameter, `self.train_step()` defined by a base class. This
+module answers those questions once, across files (through the workspace resolver) and
+through base classes, so the value queries can consult it when a value is `self.x`,
+`obj.x`, a call's tuple element or a parameter.
+
+In: the `Facts` of one file (reached by `facts.get(ObjectModel)`). Out: `Value`s (an
+expression together with the facts of the file it is in), the classes and bases of an
+object, the definition a method call runs, and the kind of a value computed in its own file.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import TYPE_CHECKING
+
+from torchls.analysis.queries.vocabulary import MAX_DEPTH, ClassInfo, FunctionNode, ObjectKind
+from torchls.records import record
+
+if TYPE_CHECKING:
+    from torchls.analysis.facts import Facts
+
+# How many base classes up and how many hops through names a question may go; a class
+# hierarchy deeper than this is rare in training code and not worth the time.
+MAX_BASES = 6
+MAX_HOPS = 6
+
+
+@record(frozen=True)
+class Value:
+    """An expression a value may be, with the facts of the file it belongs to."""
+
+    facts: Facts
+    expr: ast.expr
+
+
+@record(frozen=True)
+class ClassRef:
+    """A project class: its info and the facts of the file that defines it."""
+
+    facts: Facts
+    info: ClassInfo
+
+
+class ObjectModel:
+    """The object model of one file's facts (see the module docstring)."""
+
+    def __init__(self, facts: Facts) -> None:
+        self.facts = facts
+        self._bases: dict[int, list[ClassRef]] = {}
+        self._attributes: dict[tuple[str, str], list[Value]] = {}
+        # The file of every expression of another file this model has handed out, so a
+        # question about such a node (`schedule_design(facts, constructor)`) is answered in
+        # that file's terms.
+        self._owners: dict[int, Facts] = {}
+
+    def owner_of(self, node: ast.AST) -> Facts:
+        """The facts of the file `node` is in: another file's when this model found it there,
+        else these facts."""
+        return self._owners.get(id(node), self.facts)
+
+    def note(self, values: list[Value]) -> list[Value]:
+        """Remember the files of `values` (for `owner_of`); returns them."""
+        for value in values:
+            if value.facts is not self.facts:
+                self._owners[id(value.expr)] = value.facts
+        return values
+
+    # ------------------------------------------------------------------ classes
+    def enclosing_class(self, node: ast.AST) -> ClassRef | None:
+        """The class of this file whose method `node` is in."""
+        klass = self.facts.enclosing_class(node)
+        if klass is None:
+            return None
+        info = self.facts.classes.get(klass.name)
+        return ClassRef(self.facts, info) if info is not None else None
+
+    def bases(self, ref: ClassRef) -> list[ClassRef]:
+        """The project base classes of `ref`, nearest first (in its file or another)."""
+        key = id(ref.info.node)
+        if key not in self._bases:
+            self._bases[key] = _project_bases(ref)
+        return self._bases[key]
+
+    def lineage(self, ref: ClassRef) -> list[ClassRef]:
+        """`ref` then its project bases, breadth first, each once (the method lookup order
+        for single inheritance, a close one for mixins)."""
+        seen: set[int] = set()
+        order: list[ClassRef] = []
+        queue = [ref]
+        while queue and len(order) <= MAX_BASES:
+            current = queue.pop(0)
+            if id(current.info.node) in seen:
+                continue
+            seen.add(id(current.info.node))
+            order.append(current)
+            owner = current.facts.get(ObjectModel) if current.facts is not self.facts else self
+            queue.extend(owner.bases(current))
+        return order
+
+    # --------------------------------------------------------------- attributes
+    def attribute_values(self, expr: ast.Attribute) -> list[Value]:
+        """The values assigned to `self.<attr>` in the class `expr` is read in, or, when that
+        class assigns none, in its nearest project base class that does (another file
+        included)."""
+        if not isinstance(expr.value, ast.Name) or expr.value.id != "self":
+            return []
+        ref = self.enclosing_class(expr)
+        if ref is None:
+            return []
+        return self.class_attribute(ref, expr.attr)
+
+    def class_attribute(self, ref: ClassRef, attr: str) -> list[Value]:
+        """What `attr` is assigned on instances of `ref`: its own assignments, else those of
+        its nearest project base class that assigns it."""
+        key = (ref.info.node.name, attr)
+        if key in self._attributes and ref.facts is self.facts:
+            return self._attributes[key]
+        found: list[Value] = []
+        for klass in self.lineage(ref):
+            values = klass.info.attributes.get(attr)
+            if values:
+                found = [Value(klass.facts, value) for value in values]
+                break
+        if ref.facts is self.facts:
+            self._attributes[key] = found
+        return self.note(found)
+
+    def inherited_attribute_values(self, expr: ast.Attribute) -> list[Value]:
+        """`attribute_values` when the reading class itself assigns nothing to the attribute
+        (the base class does), else []: the class's own assignments are the value queries'
+        ordinary answer."""
+        ref = self.enclosing_class(expr) if _on_self(expr) else None
+        if ref is None or expr.attr in ref.info.attributes:
+            return []
+        return self.class_attribute(ref, expr.attr)
+
+    # ------------------------------------------------------------------ methods
+    def method(self, call: ast.Call) -> tuple[Facts, FunctionNode] | None:
+        """The definition `self.m(...)` runs: the method of the enclosing class or of its
+        nearest project base class that defines it (another file included)."""
+        func = call.func
+        if not isinstance(func, ast.Attribute) or not _on_self(func):
+            return None
+        ref = self.enclosing_class(call)
+        if ref is None:
+            return None
+        for klass in self.lineage(ref):
+            found = klass.info.methods.get(func.attr)
+            if found is not None:
+                return klass.facts, found
+        return None
+
+    # ------------------------------------------------------------ tuple returns
+    def returned_element(self, call: ast.Call, index: int) -> list[Value] | None:
+        """What position `index` of the tuple a project function (or a `self` method)
+        returns holds, from every `return` of it; None when a return is not a tuple that
+        long (or the callee is not known)."""
+        returns = self._returns_of(call)
+        if not returns:
+            return None
+        found: list[Value] = []
+        for owner, returned in returns:
+            if not isinstance(returned, ast.Tuple) or index >= len(returned.elts):
+                return None
+            if any(isinstance(element, ast.Starred) for element in returned.elts[: index + 1]):
+                return None
+            found.append(Value(owner, returned.elts[index]))
+        return self.note(found)
+
+    def _returns_of(self, call: ast.Call) -> list[tuple[Facts, ast.expr]] | None:
+        plain = self.facts.function_returns(call)
+        if plain is not None:
+            return plain
+        resolved = self.method(call)
+        if resolved is None:
+            return None
+        owner, function = resolved
+        returns = [
+            (owner, node.value)
+            for node in owner.walk_local(function)
+            if isinstance(node, ast.Return) and node.value is not None
+        ]
+        return returns or None
+
+    # ------------------------------------------------------------------ values
+    def values(self, expr: ast.expr, hops: int = 0) -> list[Value] | None:
+        """The expressions `expr` may hold, one step back: a name's bindings (an unpacked
+        tuple element of a call is that call's returned element), a parameter's arguments at
+        its in-file call sites, a `self` attribute's assignments (through base classes).
+        None when a binding cannot be told (a loop target, an unknown callee)."""
+        facts = self.facts
+        if hops > MAX_HOPS:
+            return None
+        if isinstance(expr, ast.Name):
+            if facts.parameter_of(expr) is not None:
+                arguments = facts.parameter_arguments(expr)
+                return [Value(facts, a) for a in arguments] if arguments else None
+            scope = facts.scope(expr)
+            assignments = facts.assignments_of(expr.id, scope)
+            if not assignments and scope is not facts.tree:
+                assignments = facts.assignments_of(expr.id, facts.tree)
+            if not assignments:
+                return None
+            found: list[Value] = []
+            for assignment in assignments:
+                if assignment.value is None or assignment.loop is not None:
+                    return None
+                if assignment.index is None:
+                    found.append(Value(facts, assignment.value))
+                    continue
+                if not isinstance(assignment.value, ast.Call):
+                    return None
+                element = self.returned_element(assignment.value, assignment.index)
+                if element is None:
+                    return None
+                found.extend(element)
+            return found
+        if isinstance(expr, ast.Attribute):
+            own = facts.self_attribute_values(expr)
+            if own:
+                return [Value(facts, value) for value in own]
+            inherited = self.attribute_values(expr)
+            return inherited or None
+        return [Value(facts, expr)]
+
+    def kind_of(self, expr: ast.expr) -> ObjectKind | None:
+        """The kind of `self.<attr>` assigned only in a base class (in its own file's terms),
+        or of a name unpacked from a project function's returned tuple; None otherwise."""
+        found: list[Value] | None = None
+        if isinstance(expr, ast.Attribute):
+            found = self.inherited_attribute_values(expr)
+        elif isinstance(expr, ast.Name):
+            assignment = self.facts.reaching_assignment(expr)
+            if (
+                assignment is not None
+                and assignment.index is not None
+                and assignment.loop is None
+                and isinstance(assignment.value, ast.Call)
+            ):
+                found = self.returned_element(assignment.value, assignment.index)
+        if not found:
+            return None
+        kinds = {_kind_in_own_file(value) for value in found}
+        if len(kinds) != 1:
+            return None
+        kind = kinds.pop()
+        return kind
+
+
+def _kind_in_own_file(value: Value) -> ObjectKind | None:
+    if isinstance(value.expr, ast.Constant) and value.expr.value is None:
+        return None
+    kind = value.facts.kind_of(value.expr)
+    # A kind guessed from a variable's name alone is not evidence across an object boundary.
+    if kind is None or kind.node is None:
+        return None
+    return kind
+
+
+def _on_self(expr: ast.Attribute) -> bool:
+    return isinstance(expr.value, ast.Name) and expr.value.id == "self"
+
+
+def _project_bases(ref: ClassRef, depth: int = 0) -> list[ClassRef]:
+    facts = ref.facts
+    found: list[ClassRef] = []
+    if depth > MAX_DEPTH:
+        return found
+    for base in ref.info.node.bases:
+        if isinstance(base, ast.Name):
+            local = facts.classes.get(base.id)
+            if local is not None and local.node is not ref.info.node:
+                found.append(ClassRef(facts, local))
+                continue
+            definition = facts.definition(base.id)
+            if definition is not None and isinstance(definition.node, ast.ClassDef):
+                other = definition.facts.classes.get(definition.node.name)
+                if other is not None:
+                    found.append(ClassRef(definition.facts, other))
+        elif (
+            isinstance(base, ast.Attribute)
+            and isinstance(base.value, ast.Name)
+            and facts.workspace is not None
+            and base.value.id in facts.imports
+        ):
+            module = facts.workspace.module_facts(facts, base.value.id)
+            if module is not None and base.attr in module.classes:
+                found.append(ClassRef(module, module.classes[base.attr]))
+    return found
