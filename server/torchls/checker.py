@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING
 from torchls.analysis import (
     AnalysisResult,
     Finding,
+    Position,
+    Span,
     SyntaxProblem,
     Workspace,
     all_rules,
@@ -93,6 +95,55 @@ class FileReport:
     notes: list[str] = field(default_factory=list)  # non-fatal problems worth a stderr line
     # A notebook's: where its code cells are in the module text the findings' rows count in.
     cells: CellMap | None = None
+
+
+# The code of a syntax error in the CLI's findings. Not a rule (nothing selects, ignores or
+# suppresses it): a file torchls could not fully parse is reported in every output format
+# and fails the check, so a CI job never shows a green check for code nobody analysed.
+PARSE_FAILURE_CODE = "TL000"
+PARSE_FAILURE_NAME = "syntax-error"
+
+
+def parse_failure_findings(report: FileReport) -> list[Finding]:
+    """One error finding per syntax error of the file, at the place Python gave (a notebook's
+    rows count in its module text, like every finding's, until the output places them)."""
+    rest = (
+        "the file could not be parsed, nothing in it was checked"
+        if report.nothing_parsed
+        else "the rest of the file was still checked"
+    )
+    return [
+        Finding(
+            code=PARSE_FAILURE_CODE,
+            message=f"syntax error: {problem.message} ({rest})",
+            severity="error",
+            span=Span(
+                Position(problem.row, problem.column), Position(problem.row, problem.column + 1)
+            ),
+        )
+        for problem in report.syntax_errors
+    ]
+
+
+def with_parse_failures(report: FileReport) -> FileReport:
+    """The report with its syntax errors among its findings, each before the first finding
+    that starts after it (the findings keep their order)."""
+    failures = parse_failure_findings(report)
+    if not failures:
+        return report
+    findings = list(report.findings)
+    for failure in failures:
+        at = failure.span.start
+        place = next(
+            (
+                i
+                for i, found in enumerate(findings)
+                if (found.span.start.row, found.span.start.column) > (at.row, at.column)
+            ),
+            len(findings),
+        )
+        findings.insert(place, failure)
+    return replace(report, findings=findings)
 
 
 @record

@@ -27,6 +27,7 @@ from torchls.checker import (
     config_warnings,
     discover,
     unknown_selectors,
+    with_parse_failures,
 )
 from torchls.config import ConfigError
 
@@ -281,7 +282,10 @@ def run_check(args: argparse.Namespace) -> int:
         stdout = sys.stderr
         sys.stdout.write(reports[0].fixed_text or "")
     _report_problems(reports)
-    checked = [r for r in reports if r.error is None]
+    # A syntax error is an error finding (TL000) in every format, so JSON, SARIF and GitHub
+    # readers see it too and the exit status is 1: like any finding, not like an unreadable file
+    # (2), since the parseable rest of the file was checked and --exit-zero applies to it.
+    checked = [with_parse_failures(r) for r in reports if r.error is None]
     style = output.Style(_use_colour(args.color, stdout))
     incomplete = failed or any(r.error for r in reports)
     stdout.write(_render(checked, args, style, incomplete))
@@ -388,7 +392,7 @@ def _report_problems(reports: list[FileReport]) -> None:
                 else "rest of the file was still checked"
             )
             print(
-                f"{report.display}:{problem.row}:{problem.column + 1}: warning: "
+                f"{report.display}:{problem.row}:{problem.column + 1}: error: "
                 f"syntax error: {problem.message} ({rest})",
                 file=sys.stderr,
             )

@@ -18,7 +18,7 @@ from typing import Any
 
 from torchls import __version__
 from torchls.analysis import Edit, Finding, Position, Rule, all_rules, get_rule
-from torchls.checker import FileReport
+from torchls.checker import PARSE_FAILURE_CODE, PARSE_FAILURE_NAME, FileReport
 from torchls.notebook import cell_finding
 from torchls.records import record
 
@@ -176,7 +176,8 @@ def statistics(reports: Sequence[FileReport], unsafe_fixes: bool) -> list[Statis
     out = []
     for code, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
         rule = get_rule(code)
-        out.append(Statistic(code, rule.name if rule else "", count, code in fixable))
+        name = rule.name if rule else PARSE_FAILURE_NAME if code == PARSE_FAILURE_CODE else ""
+        out.append(Statistic(code, name, count, code in fixable))
     return out
 
 
@@ -367,10 +368,29 @@ def sarif_rule(rule: Rule) -> dict[str, Any]:
     }
 
 
+# The descriptor of TL000 (a syntax error), which is no rule of the registry.
+PARSE_FAILURE_DESCRIPTOR: dict[str, Any] = {
+    "id": PARSE_FAILURE_CODE,
+    "name": PARSE_FAILURE_NAME,
+    "shortDescription": {"text": "The file has a syntax error"},
+    "fullDescription": {
+        "text": "Python could not parse the file (or a notebook's code cells): the broken "
+        "lines, or the whole file, were not checked."
+    },
+    "defaultConfiguration": {"level": "error"},
+    "properties": {"fix": "none", "tags": ["syntax"]},
+}
+
+
 def sarif_findings(reports: Sequence[FileReport]) -> str:
-    """A SARIF 2.1.0 log; columns are declared as code points, which is what we count."""
+    """A SARIF 2.1.0 log; columns are declared as code points, which is what we count. TL000's
+    descriptor follows the rules' only when a file had a syntax error."""
     rules = all_rules()
     index = {rule.code: position for position, rule in enumerate(rules)}
+    descriptors = [sarif_rule(rule) for rule in rules]
+    if any(f.code == PARSE_FAILURE_CODE for _, f in all_findings(reports)):
+        index[PARSE_FAILURE_CODE] = len(descriptors)
+        descriptors.append(PARSE_FAILURE_DESCRIPTOR)
     log = {
         "$schema": SARIF_SCHEMA,
         "version": "2.1.0",
@@ -381,7 +401,7 @@ def sarif_findings(reports: Sequence[FileReport]) -> str:
                         "name": "torchls",
                         "version": __version__,
                         "semanticVersion": __version__,
-                        "rules": [sarif_rule(rule) for rule in rules],
+                        "rules": descriptors,
                     }
                 },
                 "originalUriBaseIds": {SARIF_SRCROOT: {"uri": Path.cwd().as_uri() + "/"}},

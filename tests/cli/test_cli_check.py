@@ -150,7 +150,7 @@ def test_exit_zero_does_not_hide_an_unreadable_file(project):
     assert project.run("check", "--exit-zero", "blob.py").returncode == 2
 
 
-def test_syntax_error_is_a_warning_and_the_rest_is_still_checked(project):
+def test_syntax_error_is_an_error_finding_and_the_rest_is_still_checked(project):
     project.write(
         "broken.py",
         "import torch\n\ndef half_typed(:\n    pass\n\nstate = torch.load(path)\n",
@@ -158,17 +158,18 @@ def test_syntax_error_is_a_warning_and_the_rest_is_still_checked(project):
     result = project.run("check", "--select", "TL302", "broken.py")
     assert result.returncode == 1
     assert re.search(
-        r"^broken\.py:3:\d+: warning: syntax error: .+ \(rest of the file was still checked\)$",
+        r"^broken\.py:3:\d+: error: syntax error: .+ \(rest of the file was still checked\)$",
         result.stderr,
         re.MULTILINE,
     ), result.stderr
-    assert [m["code"] for m in map(LINE_RE.match, result.lines) if m] == ["TL302"]
+    assert [m["code"] for m in map(LINE_RE.match, result.lines) if m] == ["TL000", "TL302"]
 
 
-def test_syntax_error_alone_is_not_a_failure(project):
+def test_syntax_error_alone_fails_the_check(project):
+    # tests/cli/test_cli_parse_failures.py has it in every output format.
     project.write("broken.py", "def f(:\n    pass\n")
     result = project.run("check", "broken.py")
-    assert result.returncode == 0
+    assert result.returncode == 1
     assert "syntax error" in result.stderr
 
 
