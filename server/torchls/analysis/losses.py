@@ -11,6 +11,8 @@ import ast
 from typing import TYPE_CHECKING
 
 from torchls.analysis.facts import LossCall, ObjectKind, parameter_default
+from torchls.analysis.findings import Related
+from torchls.analysis.objects import ObjectModel
 from torchls.records import record
 
 if TYPE_CHECKING:
@@ -236,3 +238,17 @@ def find_loss_calls(facts: Facts) -> list[LossCall]:
             )
         )
     return found
+
+
+def loss_related(facts: Facts, loss_call: LossCall) -> tuple[Related, ...]:
+    """Where the loss module was built, when that is in another file (a base class's `fit`
+    picking it from the config): the finding names the input, this shows which loss."""
+    kind = facts.kind_of(loss_call.call.func)
+    constructor = kind.node if kind is not None and kind.kind == "loss" else None
+    if not isinstance(constructor, ast.Call):
+        return ()
+    owner = facts.get(ObjectModel).owner_of(constructor)
+    if owner is facts:
+        return ()
+    built = f"{loss_call.loss} built here"
+    return (Related(owner.source.span(constructor), built, owner.filename),)

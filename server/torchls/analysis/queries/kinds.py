@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 from functools import cached_property, lru_cache
 
+from torchls.analysis.objects import ObjectModel
 from torchls.analysis.queries.vocabulary import (
     ACTIVATION_MODULES,
     DATA_DISPLAYS,
@@ -65,6 +66,11 @@ class KindQueries:
                 found = self.kind_of(value, depth + 1)
                 if found is not None:
                     return found
+            if isinstance(expr, ast.Attribute):
+                # `self.criterion` assigned only by a base class (maybe in another file).
+                inherited = self.get(ObjectModel).kind_of(expr)  # type: ignore[attr-defined]
+                if inherited is not None:
+                    return inherited
             annotated = self._annotated_kind(expr)
             if annotated is not None:
                 return annotated

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING
 
+from torchls.analysis.objects import ObjectModel
 from torchls.analysis.queries.vocabulary import (
     DETACHING_METHODS,
     MAX_DEPTH,
@@ -109,6 +110,12 @@ class ValueQueries:
             values = self.self_attribute_values(expr)
             if len(values) == 1:
                 return self.origins(values[0], depth + 1, (*via, expr))
+            if not values:
+                # Assigned only by a base class, maybe in another file: follow it there.
+                inherited = self.get(ObjectModel).inherited_attribute_values(expr)  # type: ignore[attr-defined]
+                if len(inherited) == 1:
+                    only = inherited[0]
+                    return self._origins_in(only.facts, only.expr, depth, (*via, expr))
             return [Origin(expr, via)]
         if isinstance(expr, ast.Call):
             method = self.method_name(expr)

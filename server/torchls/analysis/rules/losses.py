@@ -9,6 +9,7 @@ from pathlib import Path
 
 from torchls.analysis.facts import Facts, LossCall, Origin
 from torchls.analysis.findings import Fix, Related
+from torchls.analysis.losses import loss_related
 from torchls.analysis.queries.tensors import activation_input, activation_of, float_cast
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._edits import insert_at, replace_node
@@ -164,7 +165,7 @@ def softmax_before_cross_entropy(facts: Facts) -> Iterator[Hit]:
             f"{loss_call.loss} input {describe(facts, loss_call.input, origins[0])} is already "
             "a softmax output; cross-entropy expects raw logits",
             fix,
-            related_for(facts, origins, "softmax"),
+            related_for(facts, origins, "softmax") + loss_related(facts, loss_call),
         )
 
 
@@ -205,7 +206,7 @@ def sigmoid_before_bce_with_logits(facts: Facts) -> Iterator[Hit]:
             f"BCEWithLogitsLoss input {describe(facts, loss_call.input, origins[0])} is already "
             "a sigmoid output; the loss applies the sigmoid itself",
             fix,
-            related_for(facts, origins, "sigmoid"),
+            related_for(facts, origins, "sigmoid") + loss_related(facts, loss_call),
         )
 
 
@@ -242,7 +243,7 @@ def sigmoid_then_bce(facts: Facts) -> Iterator[Hit]:
             f"BCELoss input {describe(facts, loss_call.input, origins[0])} is a sigmoid output; "
             "BCEWithLogitsLoss on the logits is numerically stable",
             _bce_with_logits_fix(facts, loss_call, origins),
-            related_for(facts, origins, "sigmoid"),
+            related_for(facts, origins, "sigmoid") + loss_related(facts, loss_call),
         )
 
 
