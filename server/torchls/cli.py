@@ -408,9 +408,19 @@ def _codes(values: list[str] | None) -> tuple[str, ...] | None:
 
 
 def _reject_unknown(flag: str, unknown: list[str]) -> None:
-    if unknown:
-        hint = _closest_rule(unknown[0])
-        raise UsageError(f"unknown rule selector {unknown[0]!r} in {flag}{hint}")
+    if not unknown:
+        return
+    documented = get_rule(unknown[0])
+    if documented is not None:
+        # A documented code that is no check (TL000, the TL9xx): refused like a typo, but a
+        # "did you mean" of some unrelated rule would mislead.
+        raise UsageError(
+            f"{documented.code} ({documented.name}) in {flag} is not a rule `torchls check` "
+            f"runs, so it cannot be selected or ignored; 'torchls rule {documented.code}' "
+            "explains it"
+        )
+    hint = _closest_rule(unknown[0])
+    raise UsageError(f"unknown rule selector {unknown[0]!r} in {flag}{hint}")
 
 
 # --- rule ------------------------------------------------------------------------------------

@@ -1,11 +1,11 @@
 """Rule documentation rendered from the registry: the README table, docs/rules.md, one rule.
 
-In: the registered rules. Out: Markdown. `python -m torchls.docs --write [ROOT]` regenerates
-both generated documents of a checkout (the README table between its `rules` markers and
-docs/rules.md); `python -m torchls.docs` prints the README table and
+In: the registered rules and the codes `torchls check` reports by itself (TL000, a syntax
+error: `CHECKER_CODES`), ordered by code. Out: Markdown. `python -m torchls.docs --write
+[ROOT]` regenerates both generated documents of a checkout (the README table between its
+`rules` markers and docs/rules.md); `python -m torchls.docs` prints the README table and
 `python -m torchls.docs --rules-md [PATH]` writes docs/rules.md alone. Tests keep both in sync,
-and the
-language server's "Show documentation for TLxxx" shows `rule_markdown()` or links to
+and the language server's "Show documentation for TLxxx" shows `rule_markdown()` or links to
 `rule_anchor()` in a published copy of docs/rules.md.
 """
 
@@ -17,7 +17,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from torchls.analysis import Rule, all_rules
+from torchls.analysis import Rule, all_rules, get_rule
+from torchls.analysis.probe_rules import CHECKER_CODES
 
 SEVERITY_LETTER = {"error": "E", "warning": "W", "information": "I"}
 RULES_MD = Path("docs") / "rules.md"
@@ -29,10 +30,17 @@ FIX_TEXT = {
 _FENCE = re.compile(r"^\s*(```|~~~)")
 
 
+def reported_rules() -> list[Rule]:
+    """Every code `torchls check` can report, ordered by code: its rules and TL000."""
+    found = all_rules() + [rule for code in CHECKER_CODES if (rule := get_rule(code))]
+    return sorted(found, key=lambda rule: rule.code)
+
+
 def rule_table() -> str:
-    """The Markdown table of every rule: code, name, severity, fix, summary."""
+    """The Markdown table of every code `torchls check` reports: code, name, severity, fix,
+    summary."""
     lines = ["| code | name | severity | fix | what it catches |", "|---|---|---|---|---|"]
-    for rule in all_rules():
+    for rule in reported_rules():
         lines.append(
             f"| {rule.code} | {rule.name} | {SEVERITY_LETTER[rule.severity]} | {rule.fix} "
             f"| {rule.summary} |"
@@ -63,11 +71,16 @@ def _demote(markdown: str, levels: int) -> str:
 
 
 def _rule_body(rule: Rule) -> str:
+    silence = (
+        "Always reported: no selection, configuration or `# noqa` hides it"
+        if rule.code in CHECKER_CODES
+        else f"Silence one line with `# noqa: {rule.code}`"
+    )
     facts = (
         f"**{rule.summary}**\n\n"
         f"- Severity: {rule.severity}\n"
         f"- Fix: {FIX_TEXT[rule.fix]}\n"
-        f"- Silence one line with `# noqa: {rule.code}`; details: `torchls rule {rule.code}`\n"
+        f"- {silence}; details: `torchls rule {rule.code}`\n"
     )
     return facts + "\n" + rule.doc.strip() + "\n"
 
@@ -78,8 +91,9 @@ def rule_markdown(rule: Rule) -> str:
 
 
 def rules_markdown(rules: Sequence[Rule] | None = None) -> str:
-    """docs/rules.md: an index table linking to every rule's full documentation."""
-    rules = list(all_rules() if rules is None else rules)
+    """docs/rules.md: an index table linking to the full documentation of every code
+    `torchls check` reports."""
+    rules = list(reported_rules() if rules is None else rules)
     parts = [
         "<!-- Generated from the rule registry by `python -m torchls.docs --write`; "
         "do not edit by hand. -->",
@@ -87,7 +101,8 @@ def rules_markdown(rules: Sequence[Rule] | None = None) -> str:
         "Every rule torchls checks, with what it catches, why it is wrong, an example and the "
         "fix. Severity: **E** a definite bug, **W** very likely a bug, **I** advice. Select "
         "and ignore rules by code prefix (`--select TL2`, `[tool.torchls] ignore = "
-        '["TL302"]`); silence one line with `# noqa: TL101`.',
+        '["TL302"]`); silence one line with `# noqa: TL101`. TL000, a file that does not '
+        "parse, is no rule: it is always reported.",
         "| code | name | severity | fix | what it catches |\n|---|---|---|---|---|\n"
         + "\n".join(
             f"| [{r.code}](#{rule_anchor(r)}) | {r.name} | {SEVERITY_LETTER[r.severity]} "

@@ -18,7 +18,8 @@ from typing import Any
 
 from torchls import __version__
 from torchls.analysis import Edit, Finding, Position, Rule, all_rules, get_rule
-from torchls.checker import PARSE_FAILURE_CODE, PARSE_FAILURE_NAME, FileReport
+from torchls.analysis.probe_rules import CHECKER_CODES
+from torchls.checker import PARSE_FAILURE_CODE, FileReport
 from torchls.notebook import cell_finding
 from torchls.records import record
 
@@ -176,7 +177,7 @@ def statistics(reports: Sequence[FileReport], unsafe_fixes: bool) -> list[Statis
     out = []
     for code, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
         rule = get_rule(code)
-        name = rule.name if rule else PARSE_FAILURE_NAME if code == PARSE_FAILURE_CODE else ""
+        name = rule.name if rule else ""
         out.append(Statistic(code, name, count, code in fixable))
     return out
 
@@ -368,29 +369,16 @@ def sarif_rule(rule: Rule) -> dict[str, Any]:
     }
 
 
-# The descriptor of TL000 (a syntax error), which is no rule of the registry.
-PARSE_FAILURE_DESCRIPTOR: dict[str, Any] = {
-    "id": PARSE_FAILURE_CODE,
-    "name": PARSE_FAILURE_NAME,
-    "shortDescription": {"text": "The file has a syntax error"},
-    "fullDescription": {
-        "text": "Python could not parse the file (or a notebook's code cells): the broken "
-        "lines, or the whole file, were not checked."
-    },
-    "defaultConfiguration": {"level": "error"},
-    "properties": {"fix": "none", "tags": ["syntax"]},
-}
-
-
 def sarif_findings(reports: Sequence[FileReport]) -> str:
     """A SARIF 2.1.0 log; columns are declared as code points, which is what we count. TL000's
-    descriptor follows the rules' only when a file had a syntax error."""
+    descriptor (from its documentation, which is no rule of the registry) follows the rules'
+    only when a file had a syntax error."""
     rules = all_rules()
+    parse_failure = get_rule(PARSE_FAILURE_CODE)
+    if parse_failure and any(f.code == PARSE_FAILURE_CODE for _, f in all_findings(reports)):
+        rules.append(parse_failure)
     index = {rule.code: position for position, rule in enumerate(rules)}
     descriptors = [sarif_rule(rule) for rule in rules]
-    if any(f.code == PARSE_FAILURE_CODE for _, f in all_findings(reports)):
-        index[PARSE_FAILURE_CODE] = len(descriptors)
-        descriptors.append(PARSE_FAILURE_DESCRIPTOR)
     log = {
         "$schema": SARIF_SCHEMA,
         "version": "2.1.0",
@@ -422,6 +410,13 @@ _FIX_TEXT = {
 }
 
 
+def _silencing(rule: Rule) -> str:
+    """How to silence one of the rule's findings, or that nothing does (TL000)."""
+    if rule.code in CHECKER_CODES:
+        return "Always reported: no selection, configuration or # noqa hides it"
+    return f"Silence on one line with: # noqa: {rule.code}"
+
+
 def rule_doc(rule: Rule, style: Style) -> str:
     """The header (code, name, severity, fix) followed by the rule's Markdown doc."""
     header = [
@@ -430,7 +425,7 @@ def rule_doc(rule: Rule, style: Style) -> str:
         "",
         f"Severity: {rule.severity}",
         f"Fix: {_FIX_TEXT[rule.fix]}",
-        f"Silence on one line with: # noqa: {rule.code}",
+        _silencing(rule),
     ]
     return "\n".join(header) + "\n\n" + rule.doc.strip() + "\n"
 

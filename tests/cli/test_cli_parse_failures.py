@@ -5,6 +5,8 @@ exit status was 0: a CI job showed a green check for a file torchls never fully 
 syntax error is an error finding (code TL000, at Python's position, no fix) in text, JSON, SARIF
 and GitHub output, the rest of the file is still checked, and the exit status is 1 (0 with
 `--exit-zero`), for a `.py` file and for a notebook whose code cell is broken (placed by cell).
+TL000 is documented like a rule (`torchls rule TL000`, the SARIF descriptor comes from that
+doc) but is none: `--select`/`--ignore` refuse it, a configuration or `# noqa` cannot hide it.
 In: broken files written into a temporary project, the real command. Out: assertions on stdout
 and the exit status.
 """
@@ -16,6 +18,9 @@ import json
 import pytest
 
 from tests.notebook_samples import notebook_bytes
+from torchls.analysis import get_rule
+from torchls.analysis.probe_rules import CHECKER_CODES
+from torchls.checker import PARSE_FAILURE_CODE, PARSE_FAILURE_NAME
 
 BROKEN_PY = "import torch\n\ndef half_typed(:\n    pass\n\nstate = torch.load(path)\n"
 # Cell 3 (cells count from 1, markdown included), row 1, column 16 is where Python stops.
@@ -128,3 +133,74 @@ def test_a_file_that_parses_has_no_tl000_and_no_extra_sarif_descriptor(broken):
     run = json.loads(result.stdout)["runs"][0]
     assert run["results"] == []
     assert "TL000" not in [rule["id"] for rule in run["tool"]["driver"]["rules"]]
+
+
+def test_a_syntax_error_has_the_sarif_descriptor_of_its_documentation(broken):
+    result = broken.run("check", "--output-format", "sarif", "broken.py")
+    run = json.loads(result.stdout)["runs"][0]
+    [descriptor] = [d for d in run["tool"]["driver"]["rules"] if d["id"] == "TL000"]
+    rule = get_rule("TL000")
+    assert rule is not None
+    assert descriptor["name"] == "syntax-error"
+    assert descriptor["shortDescription"]["text"] == rule.summary
+    assert descriptor["fullDescription"]["text"].startswith("A file, or a notebook's code cell")
+    assert descriptor["help"] == {"text": rule.doc, "markdown": rule.doc}
+    assert descriptor["defaultConfiguration"] == {"level": "error"}
+
+
+def test_the_checker_reports_the_documented_code_and_name():
+    # The analysis does not import the checker, so the code is written in both places.
+    rule = get_rule(PARSE_FAILURE_CODE)
+    assert rule is not None and PARSE_FAILURE_CODE in CHECKER_CODES
+    assert (rule.name, rule.severity, rule.fix) == (PARSE_FAILURE_NAME, "error", "none")
+
+
+def test_rule_tl000_prints_its_documentation(project):
+    rule = get_rule("TL000")
+    assert rule is not None
+    result = project.run("rule", "TL000")
+    assert result.returncode == 0, result.stderr
+    assert result.lines[:2] == ["TL000 syntax-error", rule.summary]
+    assert "Severity: error" in result.lines
+    assert "Fix: no automatic fix" in result.lines
+    # Nothing silences it, so the header offers no noqa.
+    assert "Always reported: no selection, configuration or # noqa hides it" in result.lines
+    assert "# noqa: TL000" not in result.stdout
+    for section in ("## What it catches", "## Why it is wrong", "## Example", "## Fix"):
+        assert section in result.stdout
+    assert rule.doc.strip() in result.stdout
+    assert project.run("rule", "syntax-error").stdout == result.stdout
+    assert project.run("rule", "tl000").stdout == result.stdout
+
+
+def test_rule_all_lists_tl000_first(project):
+    result = project.run("rule", "--all")
+    assert result.returncode == 0
+    assert result.lines[1].split()[:4] == ["TL000", "syntax-error", "error", "none"]
+
+
+@pytest.mark.parametrize("flag", ["--select", "--ignore", "--extend-select"])
+def test_selecting_or_ignoring_tl000_is_a_usage_error_that_says_why(broken, flag):
+    # As before TL000 was documented: refused (exit 2, nothing checked), now without a
+    # "did you mean" of an unrelated rule.
+    result = broken.run("check", flag, "tl000", "broken.py")
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert f"TL000 (syntax-error) in {flag} is not a rule `torchls check` runs" in result.stderr
+    assert "did you mean" not in result.stderr
+
+
+def test_noqa_does_not_silence_a_syntax_error(project):
+    project.write("broken.py", "def half_typed(:  # noqa: TL000\n    pass\n")
+    result = project.run("check", "--output-format", "json", "broken.py")
+    assert result.returncode == 1
+    assert [row["code"] for row in result.json()] == ["TL000"]
+
+
+@pytest.mark.parametrize("key", ["ignore", "select"])
+def test_a_configuration_naming_tl000_warns_and_still_reports_it(broken, key):
+    broken.write("pyproject.toml", f'[tool.torchls]\n{key} = ["TL000"]\n')
+    result = broken.run("check", "--output-format", "json", "broken.py")
+    assert result.returncode == 1
+    assert "TL000" in [row["code"] for row in result.json()]
+    assert f"unknown rule selector 'TL000' in [tool.torchls] {key}" in result.stderr

@@ -1,4 +1,8 @@
-"""docs/rules.md stays generated from the registry, its links work, and the README links to it."""
+"""docs/rules.md stays generated from the registry, its links work, and the README links to it.
+
+It documents every code `torchls check` reports: the registry's rules and TL000, the syntax
+error the checker reports by itself.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from torchls.analysis import all_rules
-from torchls.docs import rule_anchor, rule_markdown, rules_markdown
+from torchls.analysis import all_rules, get_rule
+from torchls.docs import reported_rules, rule_anchor, rule_markdown, rules_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES_MD = ROOT / "docs" / "rules.md"
@@ -54,10 +58,10 @@ def test_every_rule_has_one_section_with_its_full_doc():
     lines = headings(text)
     assert lines[0] == "# torchls rules"
     rule_headings = [line for line in lines if line.startswith("## ")]
-    assert rule_headings == [f"## {rule.code} {rule.name}" for rule in all_rules()]
+    assert rule_headings == [f"## {rule.code} {rule.name}" for rule in reported_rules()]
     # The docs' own sections sit one level below their rule, never beside it.
     assert all(line.startswith(("# ", "## ", "### ", "#### ")) for line in lines)
-    for rule in all_rules():
+    for rule in reported_rules():
         section = text.split(f"## {rule.code} {rule.name}\n", 1)[1].split("\n## ", 1)[0]
         assert rule.summary in section
         for part in ("What it catches", "Why it is wrong", "Example", "Fix"):
@@ -69,9 +73,13 @@ def test_index_links_reach_the_rule_sections():
     text = rules_markdown()
     anchors = {github_anchor(line) for line in headings(text)}
     links = re.findall(r"\]\(#([^)]+)\)", text)
-    assert len(links) == len(all_rules())
+    assert len(links) == len(reported_rules())
     assert set(links) <= anchors
-    assert [rule_anchor(rule) for rule in all_rules()] == links
+    assert [rule_anchor(rule) for rule in reported_rules()] == links
+
+
+def test_reported_codes_are_the_rules_and_the_syntax_error():
+    assert [rule.code for rule in reported_rules()] == ["TL000"] + [r.code for r in all_rules()]
 
 
 def test_single_rule_page_is_standalone_markdown():
@@ -80,6 +88,13 @@ def test_single_rule_page_is_standalone_markdown():
     assert page.startswith(f"# {rule.code} {rule.name}\n")
     assert rule.doc.strip() in page
     assert f"# noqa: {rule.code}" in page
+
+
+def test_the_syntax_error_page_offers_no_way_to_silence_it():
+    page = rule_markdown(get_rule("TL000"))
+    assert page.startswith("# TL000 syntax-error\n")
+    assert "# noqa: TL000" not in page
+    assert "- Always reported: no selection, configuration or `# noqa` hides it;" in page
 
 
 def test_readme_links_to_rules_md_next_to_the_rule_table():

@@ -136,6 +136,15 @@ async def test_client_without_show_document_gets_the_markdown_only():
         assert client.shown_documents == []
 
 
+async def test_the_syntax_error_code_is_documented_too():
+    async with session("neovim@v0.7.0") as client:
+        markdown = await show(client, "TL000")
+
+        assert markdown == rule_markdown(get_rule("TL000"))
+        assert markdown.startswith("# TL000 syntax-error\n")
+        assert "# noqa: TL000" not in markdown
+
+
 @pytest.mark.parametrize("arguments", [["TL999"], [], ["TL101", "TL102"], [42]])
 async def test_bad_arguments_are_invalid_params(arguments):
     async with session("visual_studio_code") as client:

@@ -1,9 +1,13 @@
-"""Documentation of the TL9xx codes: findings of runtime runs, not of the static checker.
+"""Documentation of the codes torchls reports that are no static check: TL000 and the TL9xx.
 
 In: nothing. Out: `PROBE_RULES`, code → `Rule` (name and severity from the catalog, a doc in
 the four usual sections, a check that finds nothing), so `torchls rule TL907` and the editor's
-"show documentation" explain a probe finding like any other. They are kept out of the static
-registry: `all_rules()`, `--select` and the README table list only what `torchls check` runs.
+"show documentation" explain such a finding like any other; and `CHECKER_CODES`, the ones
+`torchls check` reports by itself. TL000 is the checker's syntax error
+(`torchls.checker.PARSE_FAILURE_CODE`: the analysis does not import the checker, a test keeps
+the two equal); the TL9xx are findings of runtime runs. None of them is in the static registry:
+`all_rules()` and `--select` cover only what `torchls check` runs, the README table and
+docs/rules.md list that plus `CHECKER_CODES`.
 """
 
 from __future__ import annotations
@@ -16,13 +20,45 @@ from torchls.analysis.registry import SEVERITY_LETTERS, Hit, Rule
 if TYPE_CHECKING:
     from torchls.analysis.facts import Facts
 
+# Reported by `torchls check` itself, whatever the selection: no option, configuration or
+# suppression comment hides them, so the docs offer no way to silence them.
+CHECKER_CODES: frozenset[str] = frozenset({"TL000"})
 
-def _runtime_only(facts: Facts) -> Iterator[Hit]:
-    """Probe findings come from a run; reading the source finds none of them."""
+
+def _not_from_the_source(facts: Facts) -> Iterator[Hit]:
+    """These findings come from a run or from the parser; reading the facts finds none."""
     return iter(())
 
 
 _DOCS: dict[str, tuple[str, str, str, str]] = {
+    "TL000": (
+        "syntax-error",
+        "E",
+        "The file does not parse: the part Python could not read was not checked",
+        """
+        ## What it catches
+        A file, or a notebook's code cell, that Python cannot parse, at the line and column
+        where Python stops. No other rule ran on the lines the error hides (on the whole file
+        when nothing parsed); the part that does parse is still checked and reported.
+
+        ## Why it is wrong
+        Python will not run the file, and a check that skipped it quietly would pass code
+        nobody analysed. So a syntax error is an error finding in every output format and
+        fails the check (exit status 1, 0 with `--exit-zero`), whatever the selection:
+        `--select TL000` and `--ignore TL000` are refused as usage errors, a configuration's
+        `select` or `ignore` naming it only gets a warning, and `# noqa` does not silence it.
+
+        ## Example
+        ```python
+        def half_typed(:      # TL000: invalid syntax
+            pass
+        ```
+
+        ## Fix
+        None automatic: correct the syntax at the reported place (a notebook's finding names
+        the cell), then check again.
+        """,
+    ),
     "TL901": (
         "first-non-finite",
         "E",
@@ -307,7 +343,7 @@ PROBE_RULES: dict[str, Rule] = {
         summary,
         "none",
         doc,
-        _runtime_only,
+        _not_from_the_source,
     )
     for code, (name, severity, summary, doc) in _DOCS.items()
 }
