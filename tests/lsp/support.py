@@ -3,19 +3,23 @@
 In: client capability names ("visual_studio_code", "neovim", ...) and settings. Out: a started,
 initialised pytest-lsp client that records every `publishDiagnostics` and can wait for one by
 predicate, plus a test-side mirror of open documents that applies LSP edits independently of
-the server's own position code (so the tests really check the server's conversions).
+the server's own position code (so the tests really check the server's conversions). For the
+repro tests: a script that trains cleanly, `torchls.runRepro` over the client, and a bubblewrap
+that is installed but always fails.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 from lsprotocol import types
 from pygls.protocol import default_converter
 from pygls.uris import from_fs_path
@@ -365,3 +369,58 @@ def edits_in(edit: types.WorkspaceEdit, doc: Doc, document_changes: bool) -> lis
     assert edit.document_changes is None
     assert edit.changes is not None and set(edit.changes) == {doc.uri}
     return list(edit.changes[doc.uri])
+
+
+# --- the repro ----------------------------------------------------------------------------------
+
+# Trains without a static finding and without a runtime one: what a run reports is about the
+# sandbox alone.
+QUIET_TRAIN = """\
+import torch
+
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(10):
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+# How the editor's notice of a run with weaker isolation begins.
+WEAKER_ISOLATION = "torchls: the repro ran with weaker isolation: "
+
+
+def repro_configuration(sandbox: Any = None) -> dict[str, Any]:
+    """`torchls` settings for a short CPU repro, with `probe.sandbox` when given."""
+    probe: dict[str, Any] = {"device": "cpu", "timeout": 30}
+    if sandbox is not None:
+        probe["sandbox"] = sandbox
+    return {"probe": probe}
+
+
+async def run_repro(client: RecordingClient, doc: Doc) -> dict[str, Any]:
+    """`torchls.runRepro` on `doc`; its result, which is always an object."""
+    result = await client.workspace_execute_command_async(
+        types.ExecuteCommandParams(command="torchls.runRepro", arguments=[{"uri": doc.uri}])
+    )
+    assert isinstance(result, dict), result
+    return result
+
+
+async def opened_quiet_train(client: RecordingClient, path: Path) -> Doc:
+    """`QUIET_TRAIN` opened at `path`, once its first diagnostics are in."""
+    since = len(client.publishes)
+    doc = open_doc(client, path, QUIET_TRAIN)
+    await diagnostics_of(client, doc, since)
+    return doc
+
+
+def install_failing_bwrap(folder: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A `bwrap` in `folder` that prints an error and exits 1, first on the PATH a server
+    started afterwards inherits: installed, so the sandbox tries it, and always failing."""
+    folder.mkdir()
+    script = folder / "bwrap"
+    script.write_text('#!/bin/sh\necho "bwrap: simulated failure" >&2\nexit 1\n', encoding="utf-8")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    return script

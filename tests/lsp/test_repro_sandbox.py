@@ -11,47 +11,27 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 from lsprotocol import types
 
 from torchls.lsp.repro_messages import sandbox_cause, sandbox_problem, usage_failure
 
-from .support import Doc, RecordingClient, diagnostics_of, open_doc, session
+from .support import (
+    WEAKER_ISOLATION,
+    install_failing_bwrap,
+    opened_quiet_train,
+    repro_configuration,
+    run_repro,
+    session,
+)
 
 pytest.importorskip("torch")
 if not sys.platform.startswith("linux"):
     pytest.skip("the sandboxed repro runs on Linux", allow_module_level=True)
 
-CONFIGURATION = {"probe": {"device": "cpu", "timeout": 30}}
-TRAIN = """\
-import torch
-
-model = torch.nn.Linear(4, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(10):
-    loss = model(torch.randn(8, 4)).pow(2).mean()
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-"""
-WEAKER = "torchls: the repro ran with weaker isolation: sandbox DEGRADED"
-
-
-async def _run(client: RecordingClient, doc: Doc) -> dict[str, Any]:
-    result = await client.workspace_execute_command_async(
-        types.ExecuteCommandParams(command="torchls.runRepro", arguments=[{"uri": doc.uri}])
-    )
-    assert isinstance(result, dict), result
-    return result
-
-
-async def _opened(client: RecordingClient, path: Path) -> Doc:
-    since = len(client.publishes)
-    doc = open_doc(client, path, TRAIN)
-    await diagnostics_of(client, doc, since)
-    return doc
+CONFIGURATION = repro_configuration()
+WEAKER = f"{WEAKER_ISOLATION}sandbox DEGRADED"
 
 
 async def test_without_bubblewrap_the_editor_says_degraded_once_per_session(
@@ -63,9 +43,9 @@ async def test_without_bubblewrap_the_editor_says_degraded_once_per_session(
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{empty}")
     root = tmp_path / "workspace"
     async with session("visual_studio_code", configuration=CONFIGURATION, root=root) as client:
-        doc = await _opened(client, root / "train.py")
-        first = await _run(client, doc)
-        second = await _run(client, doc)
+        doc = await opened_quiet_train(client, root / "train.py")
+        first = await run_repro(client, doc)
+        second = await run_repro(client, doc)
 
         assert first["status"] == second["status"] == "ok"
         notices = [m for m in client.messages if m.message.startswith(WEAKER)]
@@ -82,16 +62,11 @@ async def test_without_bubblewrap_the_editor_says_degraded_once_per_session(
 async def test_a_failing_bubblewrap_refuses_every_run_in_the_editor(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    wrappers = tmp_path / "failing-bin"
-    wrappers.mkdir()
-    script = wrappers / "bwrap"
-    script.write_text('#!/bin/sh\necho "bwrap: simulated failure" >&2\nexit 1\n', encoding="utf-8")
-    script.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{wrappers}{os.pathsep}{os.environ['PATH']}")
+    install_failing_bwrap(tmp_path / "failing-bin", monkeypatch)
     root = tmp_path / "workspace"
     async with session("visual_studio_code", configuration=CONFIGURATION, root=root) as client:
-        doc = await _opened(client, root / "train.py")
-        results = [await _run(client, doc), await _run(client, doc)]
+        doc = await opened_quiet_train(client, root / "train.py")
+        results = [await run_repro(client, doc), await run_repro(client, doc)]
 
         for result in results:
             assert result["status"] == "failed"

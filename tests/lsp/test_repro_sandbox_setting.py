@@ -11,10 +11,8 @@ checked on their own.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 from lsprotocol import types
@@ -24,59 +22,30 @@ from torchls.lsp.repro_messages import usage_failure
 from torchls.lsp.settings import Settings, apply_settings
 
 from .support import TRAIN as FLAGGED
-from .support import Doc, RecordingClient, codes, diagnostics_of, open_doc, session
+from .support import (
+    WEAKER_ISOLATION,
+    RecordingClient,
+    codes,
+    diagnostics_of,
+    install_failing_bwrap,
+    open_doc,
+    opened_quiet_train,
+    repro_configuration,
+    run_repro,
+    session,
+)
 
 pytest.importorskip("torch")
 if not sys.platform.startswith("linux"):
     pytest.skip("the sandboxed repro runs on Linux", allow_module_level=True)
 
-TRAIN = """\
-import torch
-
-model = torch.nn.Linear(4, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(10):
-    loss = model(torch.randn(8, 4)).pow(2).mean()
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-"""
-WEAKER = "torchls: the repro ran with weaker isolation: "
 OPT_OUT = 'the setting `torchls.probe.sandbox: "none"`'
-
-
-def _configuration(sandbox: Any = None) -> dict[str, Any]:
-    probe: dict[str, Any] = {"device": "cpu", "timeout": 30}
-    if sandbox is not None:
-        probe["sandbox"] = sandbox
-    return {"probe": probe}
 
 
 @pytest.fixture
 def failing_bwrap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A bubblewrap that is installed but fails, first on the PATH the server inherits."""
-    wrappers = tmp_path / "failing-bin"
-    wrappers.mkdir()
-    script = wrappers / "bwrap"
-    script.write_text('#!/bin/sh\necho "bwrap: simulated failure" >&2\nexit 1\n', encoding="utf-8")
-    script.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{wrappers}{os.pathsep}{os.environ['PATH']}")
-    return script
-
-
-async def _run(client: RecordingClient, doc: Doc) -> dict[str, Any]:
-    result = await client.workspace_execute_command_async(
-        types.ExecuteCommandParams(command="torchls.runRepro", arguments=[{"uri": doc.uri}])
-    )
-    assert isinstance(result, dict), result
-    return result
-
-
-async def _opened(client: RecordingClient, path: Path) -> Doc:
-    since = len(client.publishes)
-    doc = open_doc(client, path, TRAIN)
-    await diagnostics_of(client, doc, since)
-    return doc
+    return install_failing_bwrap(tmp_path / "failing-bin", monkeypatch)
 
 
 def _texts(client: RecordingClient) -> list[str]:
@@ -87,21 +56,21 @@ async def test_none_reaches_the_run_and_the_editor_says_the_protections_are_off(
     tmp_path: Path, failing_bwrap: Path
 ):
     root = tmp_path / "workspace"
-    async with session("visual_studio_code", configuration=_configuration("none"), root=root) as (
-        client
-    ):
-        doc = await _opened(client, root / "train.py")
-        first = await _run(client, doc)
-        second = await _run(client, doc)
+    async with session(
+        "visual_studio_code", configuration=repro_configuration("none"), root=root
+    ) as client:
+        doc = await opened_quiet_train(client, root / "train.py")
+        first = await run_repro(client, doc)
+        second = await run_repro(client, doc)
 
         # Under auto this bubblewrap refuses every run: `none` was the mode the probe got.
         assert first["status"] == second["status"] == "ok", first
-        notices = [m for m in client.messages if m.message.startswith(WEAKER)]
+        notices = [m for m in client.messages if m.message.startswith(WEAKER_ISOLATION)]
         assert len(notices) == 1, _texts(client)  # once per session, not per run
         notice = notices[0]
         assert notice.type == types.MessageType.Warning
         assert notice.message.startswith(
-            f'{WEAKER}sandbox DEGRADED (torchls.probe.sandbox is "none"): active: '
+            f'{WEAKER_ISOLATION}sandbox DEGRADED (torchls.probe.sandbox is "none"): active: '
         )
         # The way back is the setting; bubblewrap is installed, so no advice to install it.
         assert notice.message.endswith(
@@ -119,11 +88,11 @@ async def test_bwrap_with_a_failing_bubblewrap_refuses_and_names_the_setting(
     tmp_path: Path, failing_bwrap: Path
 ):
     root = tmp_path / "workspace"
-    async with session("visual_studio_code", configuration=_configuration("bwrap"), root=root) as (
-        client
-    ):
-        doc = await _opened(client, root / "train.py")
-        result = await _run(client, doc)
+    async with session(
+        "visual_studio_code", configuration=repro_configuration("bwrap"), root=root
+    ) as client:
+        doc = await opened_quiet_train(client, root / "train.py")
+        result = await run_repro(client, doc)
 
         assert result["status"] == "failed"
         message = result["message"]
@@ -135,7 +104,7 @@ async def test_bwrap_with_a_failing_bubblewrap_refuses_and_names_the_setting(
         assert "no setting" not in message
         errors = [m for m in client.messages if m.type == types.MessageType.Error]
         assert [m.message for m in errors if "sandbox refused" in m.message] == [message]
-        assert not any(text.startswith(WEAKER) for text in _texts(client))
+        assert not any(text.startswith(WEAKER_ISOLATION) for text in _texts(client))
 
 
 async def test_a_project_file_cannot_turn_the_sandbox_off(tmp_path: Path, failing_bwrap: Path):
@@ -144,9 +113,11 @@ async def test_a_project_file_cannot_turn_the_sandbox_off(tmp_path: Path, failin
     (root / "pyproject.toml").write_text(
         '[tool.torchls.probe]\nsandbox = "none"\nsteps = 1\n', encoding="utf-8"
     )
-    async with session("visual_studio_code", configuration=_configuration(), root=root) as client:
-        doc = await _opened(client, root / "train.py")
-        result = await _run(client, doc)
+    async with session(
+        "visual_studio_code", configuration=repro_configuration(), root=root
+    ) as client:
+        doc = await opened_quiet_train(client, root / "train.py")
+        result = await run_repro(client, doc)
 
         # Still sandboxed (auto), so this bubblewrap refuses the run.
         assert result["status"] == "failed"
@@ -162,11 +133,11 @@ async def test_a_misspelt_value_is_rejected_with_the_allowed_values_and_the_sand
     tmp_path: Path, failing_bwrap: Path
 ):
     root = tmp_path / "workspace"
-    async with session("visual_studio_code", configuration=_configuration("off"), root=root) as (
-        client
-    ):
-        doc = await _opened(client, root / "train.py")
-        result = await _run(client, doc)
+    async with session(
+        "visual_studio_code", configuration=repro_configuration("off"), root=root
+    ) as client:
+        doc = await opened_quiet_train(client, root / "train.py")
+        result = await run_repro(client, doc)
 
         invalid = [text for text in _texts(client) if "torchls.probe.sandbox must be" in text]
         assert invalid, _texts(client)
@@ -181,18 +152,18 @@ async def test_turning_none_back_to_auto_sandboxes_the_very_next_run(
     """A run under `none` leaves nothing weaker behind (a warm worker, say): once the setting
     is back to auto the next run meets this bubblewrap again and is refused."""
     root = tmp_path / "workspace"
-    async with session("visual_studio_code", configuration=_configuration("none"), root=root) as (
-        client
-    ):
-        doc = await _opened(client, root / "train.py")
-        assert (await _run(client, doc))["status"] == "ok"
+    async with session(
+        "visual_studio_code", configuration=repro_configuration("none"), root=root
+    ) as client:
+        doc = await opened_quiet_train(client, root / "train.py")
+        assert (await run_repro(client, doc))["status"] == "ok"
         # A document whose diagnostics the new settings change: their republish says the new
         # settings are in force before the next run is asked for.
         marker = open_doc(client, root / "flagged.py", FLAGGED)
         flagged = codes(await diagnostics_of(client, marker, 0))
         assert flagged
         mark = len(client.publishes)
-        changed = {**_configuration("auto"), "ignore": sorted(set(flagged))}
+        changed = {**repro_configuration("auto"), "ignore": sorted(set(flagged))}
         client.set_configuration(changed, section="torchls")
         client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings=None))
         if client.pull:
@@ -200,7 +171,7 @@ async def test_turning_none_back_to_auto_sandboxes_the_very_next_run(
         else:
             await client.wait_for_publish(lambda p: p.uri == marker.uri and not p.diagnostics, mark)
 
-        result = await _run(client, doc)
+        result = await run_repro(client, doc)
         assert result["status"] == "failed"
         assert result["message"].startswith("torchls: the repro was refused: sandbox refused")
 
