@@ -793,7 +793,7 @@ class Distributed:
 
     def write_provisional(self, reason: str) -> None:
         from torchls_probe.findings import Outcome
-        from torchls_probe.report import assemble, dumps
+        from torchls_probe.report import assemble, dumps, skeleton
 
         request = self.request
         if request.out is None:
@@ -822,8 +822,7 @@ class Distributed:
                 timing={},
             )
         except Exception:  # the trace may be mid-update: a report without it is still one
-            report = {"schema_version": 2, "status": status, "stopped_by": reason}
-            report.update(findings=found, lines=[], notes=[], exception=None)
+            report = skeleton(status, reason, request.file, found)
         report["provisional"] = True
         report["distributed"] = self.to_json()
         text = dumps(report, request.report_cap_bytes)

@@ -13,7 +13,7 @@ import json
 import math
 from typing import TYPE_CHECKING, Any
 
-from torchls_probe import SCHEMA_VERSION, __version__
+from torchls_probe import SCHEMA_VERSION, __version__, schema
 from torchls_probe.attribution import Location
 from torchls_probe.findings import ORIGINS, Outcome, chain, is_mask
 from torchls_probe.positions import columns, position, source_line
@@ -170,8 +170,10 @@ def strict(value: Any) -> Any:
 
 
 def dumps(report: dict[str, Any], cap: int) -> str:
-    """Strict, compact JSON no larger than `cap` bytes where shedding tensor detail allows."""
-    report = strict(report)
+    """Strict, compact JSON no larger than `cap` bytes where shedding tensor detail allows,
+    checked against report.schema.json first: a report that breaks it (a bug of the probe) is
+    replaced by one that says so, since the server refuses such a report whole."""
+    report = checked(strict(report))
     text = _encode(report)
     if len(text.encode("utf-8")) <= cap:
         return text
@@ -195,6 +197,72 @@ def dumps(report: dict[str, Any], cap: int) -> str:
             del lines[index]
             report["dropped_lines"] += 1
     return _encode(report)
+
+
+def checked(report: dict[str, Any]) -> dict[str, Any]:
+    """`report` cut to the schema's bounds (`schema.fit`), or when it still breaks
+    report.schema.json (a bug of the probe) a report that says so: the server would refuse the
+    whole of it."""
+    report = schema.fit(report)
+    broken = schema.problems(report)
+    return _schema_broken(report, broken) if broken else report
+
+
+def _schema_broken(report: dict[str, Any], broken: list[str]) -> dict[str, Any]:
+    target = report.get("target")
+    named = target.get("file") if isinstance(target, dict) else None
+    file = named if isinstance(named, str) else "?"
+    message = (
+        "internal error of torchls_probe: its report broke the report schema "
+        f"({'; '.join(broken)}); the run's own findings are lost, please report this"
+    )
+    found = [_line_one("TL905", "probe-error", "error", file, message[:4000])]
+    return skeleton("error", "exception", file, found)
+
+
+def _line_one(code: str, name: str, severity: str, file: str, message: str) -> dict[str, Any]:
+    return {
+        "code": code,
+        "name": name,
+        "severity": severity,
+        "filename": file,
+        "line": 1,
+        "column": 1,
+        "end_line": 1,
+        "end_column": 1,
+        "message": message,
+        "related": [],
+    }
+
+
+def skeleton(
+    status: str, stopped_by: str, file: str, findings: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The smallest report the schema takes: what is known when nothing else can be trusted
+    (the trace was mid-update, or the assembled report broke the schema)."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "probe_version": __version__,
+        "status": status,
+        "stopped_by": stopped_by,
+        "mode": "script",
+        "target": {"file": file},
+        "bounds": {},
+        "progress": {"optimizer_steps": None, "batches": None, "backward_calls": None},
+        "device": {"requested": None, "resolved": None, "observed": []},
+        "environment": None,
+        "findings": findings,
+        "nonfinite": {"events": [], "dropped": 0, "chain": []},
+        "parameters": {"without_grad": [], "zero_grad": [], "not_in_optimizer": []},
+        "autocast": [],
+        "warnings": [],
+        "exception": None,
+        "notes": [],
+        "lines": [],
+        "dropped_lines": 0,
+        "truncated": False,
+        "timing": {},
+    }
 
 
 def _encode(report: dict[str, Any]) -> str:

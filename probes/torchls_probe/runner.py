@@ -83,18 +83,12 @@ def run(request: Request, progress: Progress, started: float | None = None) -> i
 
 def _inspect(request: Request, started: float) -> int:
     """`torchls inspect`: the checkpoint's record instead of a run's trace (no user code)."""
-    from torchls_probe import SCHEMA_VERSION, checkpoint
+    from torchls_probe import checkpoint
     from torchls_probe.findings import finding
+    from torchls_probe.report import checked, skeleton
 
-    report: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
-        "mode": "inspect",
-        "target": {"file": request.file, "root": request.root},
-        "status": "ok",
-        "findings": [],
-        "exception": None,
-        "notes": [],
-    }
+    report = skeleton("ok", "end", request.file, [])
+    report.update(mode="inspect", target={"file": request.file, "root": request.root})
     try:
         record = checkpoint.inspect(request.file)
         report["inspection"] = record
@@ -121,7 +115,7 @@ def _inspect(request: Request, started: float) -> int:
     finally:
         disarm_alarm()
     report["timing"] = {"total_s": time.monotonic() - started}
-    text = json.dumps(report, allow_nan=False, default=str)
+    text = json.dumps(checked(json.loads(json.dumps(report, default=str))), allow_nan=False)
     if request.out is None:
         sys.__stdout__.write(text + "\n")
         return 0
