@@ -26,7 +26,7 @@ from torchls.notebook import script_json
 from torchls.probe import causes, untrusted
 from torchls.probe.prepare import Prepared
 from torchls.probe.process import Ended, supervise
-from torchls.probe.report import ReproReport, load_probe_report, synthesize
+from torchls.probe.report import ReproReport, as_report, load_probe_report, synthesize
 from torchls.probe.sandbox import (
     Layer,
     Limits,
@@ -264,7 +264,21 @@ def make_report(prepared: Prepared, data: dict[str, Any], started: float) -> Rep
     timing = dict(data.get("timing") or {})
     timing["server_wall_s"] = round(time.monotonic() - started, 4)
     data["timing"] = timing
-    return ReproReport(data, root=str(prepared.root), allow=(str(prepared.file),))
+    report, broken = as_report(data)
+    if report is None:  # the server's own part broke the schema: a bug here, said as one
+        report, _ = as_report(
+            synthesize(
+                status="error",
+                file=str(prepared.file),
+                code="TL905",
+                stopped_by="setup",
+                message="internal error of torchls: the finished report broke the report "
+                f"schema ({'; '.join(broken)}); please report this",
+                request=prepared.request(None, None),
+            )
+        )
+        assert report is not None
+    return ReproReport(report, root=str(prepared.root), allow=(str(prepared.file),))
 
 
 def not_started(prepared: Prepared, data: dict[str, Any]) -> dict[str, Any]:

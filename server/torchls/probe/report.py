@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from torchls.probe import report_schema, untrusted
+from torchls.probe.document import Finding, LineRecord, Report
 from torchls.probe.scratch import Unreadable, read_regular
 from torchls.records import record
 
@@ -21,17 +23,6 @@ SCHEMA_VERSION = 2
 STATUSES = ("ok", "error", "timeout", "memory", "crashed")
 SEVERITIES = ("error", "warning", "information")
 
-# What the host takes from a report at most. The probe itself stays far below these (20
-# non-finite events, 8 entries per line); a report past them was not written by the probe, and
-# the excess is dropped so that no consumer (text report, diagnostics, hover) does unbounded work.
-MAX_FINDINGS = 200
-MAX_RELATED = 20
-MAX_EVENTS = 100
-MAX_LINE_RECORDS = 5000
-MAX_ENTRIES = 16
-MAX_OUTPUTS = 4
-MAX_LIST = 1000  # warnings, notes, parameter names, traceback frames, chain indices
-MAX_TEXT = 4000  # one message or name
 _UNSAFE_IN_JSON = re.compile("[\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
 
 
@@ -62,7 +53,7 @@ class ProbeFinding:
     related: tuple[RelatedLocation, ...] = ()
 
     @classmethod
-    def from_json(cls, item: dict[str, Any]) -> ProbeFinding:
+    def from_json(cls, item: Finding) -> ProbeFinding:
         related = tuple(
             RelatedLocation(
                 r["filename"], r["line"], r["column"], r["end_line"], r["end_column"], r["message"]
@@ -85,33 +76,34 @@ class ProbeFinding:
 
 @record
 class ReproReport:
-    """`data` is the report document; `root` (the project folder the host chose) and `allow`
+    """`data` is the report document, typed by `document.Report` and checked against the schema
+    when it was made (`make_report`); `root` (the project folder the host chose) and `allow`
     (files the host itself named, such as the target) say which files may be read to show
     source lines. Neither comes from the run."""
 
-    data: dict[str, Any]
+    data: Report
     root: str | None = None
     allow: tuple[str, ...] = ()
 
     @property
     def status(self) -> str:
-        return str(self.data.get("status", "crashed"))
+        return self.data["status"]
 
     @property
     def findings(self) -> list[ProbeFinding]:
-        return [ProbeFinding.from_json(item) for item in self.data.get("findings") or []]
+        return [ProbeFinding.from_json(item) for item in self.data["findings"]]
 
     @property
     def setup_error(self) -> str | None:
         """Why the repro could not run at all (no torch, device unavailable, bad target)."""
-        exception = self.data.get("exception") or {}
-        if exception.get("kind") in ("setup", "device"):
-            return str(exception.get("message") or exception.get("type"))
+        exception = self.data["exception"]
+        if exception is not None and exception["kind"] in ("setup", "device"):
+            return exception["message"] or exception["type"]
         return None
 
     @property
-    def lines(self) -> list[dict[str, Any]]:
-        return list(self.data.get("lines") or [])
+    def lines(self) -> list[LineRecord]:
+        return list(self.data["lines"])
 
     def to_json(self, indent: int | None = 2) -> str:
         text = json.dumps(self.data, indent=indent, allow_nan=False, ensure_ascii=False)
@@ -124,6 +116,12 @@ class ReproReport:
         copy = json.loads(json.dumps(self.data))
         copy.pop("timing", None)
         return copy
+
+
+def as_report(data: dict[str, Any]) -> tuple[Report | None, list[str]]:
+    """`data` typed as a `Report` when it follows the schema, else (None, the problems)."""
+    broken = report_schema.problems(data)
+    return (None, broken) if broken else (cast(Report, data), [])
 
 
 def read_probe_report(path: Path, limit: int) -> dict[str, Any] | None:
@@ -147,7 +145,12 @@ def load_probe_report(path: Path, limit: int) -> tuple[dict[str, Any] | None, st
 
 
 def parse_probe_report(text: bytes | str | None) -> tuple[dict[str, Any] | None, str | None]:
-    """The report in `text`, or (None, why not); empty or None means no report at all."""
+    """The report in `text`, or (None, why not); empty or None means no report at all.
+
+    A report comes from the run, so it may be forged: one that breaks report.schema.json
+    anywhere (an unknown field, a wrong type, a position out of range, a list past its bound)
+    is refused whole, before any consumer walks it, and the reason names the first problems.
+    """
     if not text:
         return None, None
     try:
@@ -156,108 +159,11 @@ def parse_probe_report(text: bytes | str | None) -> tuple[dict[str, Any] | None,
         return None, "report.json is not valid JSON (cut short, or not written by the probe)"
     if not isinstance(data, dict):
         return None, "report.json is not a JSON object"
-    return bounded(data), None
-
-
-def _int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 31
-
-
-def _position(item: dict[str, Any]) -> bool:
-    return isinstance(item.get("filename"), str) and all(
-        _int(item.get(key)) for key in ("line", "column", "end_line", "end_column")
-    )
-
-
-def _text(value: Any) -> str:
-    return value[:MAX_TEXT] if isinstance(value, str) else ""
-
-
-def _finding(item: Any) -> dict[str, Any] | None:
-    if not isinstance(item, dict) or not _position(item):
-        return None
-    code = item.get("code")
-    if not (isinstance(code, str) and len(code) == 5 and code.startswith("TL")):
-        return None
-    if item.get("severity") not in SEVERITIES:
-        return None
-    related = [
-        {**r, "filename": r["filename"][:MAX_TEXT], "message": _text(r.get("message"))}
-        for r in (item.get("related") if isinstance(item.get("related"), list) else [])
-        if isinstance(r, dict) and _position(r)
-    ][:MAX_RELATED]
-    return {
-        **item,
-        "name": _text(item.get("name")),
-        "filename": item["filename"][:MAX_TEXT],
-        "message": _text(item.get("message")),
-        "related": related,
-    }
-
-
-def _list(value: Any, limit: int = MAX_LIST) -> list[Any]:
-    return value[:limit] if isinstance(value, list) else []
-
-
-def bounded(data: dict[str, Any]) -> dict[str, Any]:
-    """`data` with every list the host walks capped and every finding well-formed.
-
-    A report comes from the run, so it may be forged: malformed findings are dropped (a
-    consumer indexing `finding["line"]` must not crash), and lists are cut at the limits above.
-    """
-    data = dict(data)
-    data["findings"] = [
-        found for item in _list(data.get("findings"), MAX_FINDINGS) if (found := _finding(item))
-    ]
-    nonfinite = data.get("nonfinite")
-    if isinstance(nonfinite, dict):
-        events = [
-            {**event, **{key: _text(event.get(key)) for key in ("phase", "op", "origin")}}
-            for event in _list(nonfinite.get("events"), MAX_EVENTS)
-            if isinstance(event, dict) and _position(event)
-        ]
-        chain = [i for i in _list(nonfinite.get("chain")) if _int(i)]
-        data["nonfinite"] = {**nonfinite, "events": events, "chain": chain}
-    records = []
-    for line_record in _list(data.get("lines"), MAX_LINE_RECORDS):
-        if not isinstance(line_record, dict) or not isinstance(line_record.get("filename"), str):
-            continue
-        if not _int(line_record.get("line")):
-            continue
-        entries = [
-            {**entry, "outputs": _list(entry.get("outputs"), MAX_OUTPUTS)}
-            for entry in _list(line_record.get("entries"), MAX_ENTRIES)
-            if isinstance(entry, dict)
-        ]
-        records.append(
-            {**line_record, "source": _text(line_record.get("source")), "entries": entries}
-        )
-    data["lines"] = records
-    for key in ("warnings", "notes", "autocast"):
-        if key in data:
-            data[key] = _list(data.get(key))
-    parameters = data.get("parameters")
-    if isinstance(parameters, dict):
-        data["parameters"] = {
-            key: [_text(name) for name in _list(value) if isinstance(name, str)]
-            if isinstance(value, list)
-            else value
-            for key, value in parameters.items()
-        }
-    exception = data.get("exception")
-    if isinstance(exception, dict):
-        exception = {
-            **exception,
-            "type": _text(exception.get("type")) or "Exception",
-            "message": _text(exception.get("message")),
-            "traceback": _list(exception.get("traceback"), 100),
-        }
-        if not _position(exception):
-            exception.pop("filename", None)  # no position that consumers could index
-        data["exception"] = exception
-    elif exception is not None:
-        data["exception"] = None
-    return data
+    broken = report_schema.problems(data)
+    if broken:
+        shown = untrusted.one_line("; ".join(broken), 600)
+        return None, f"report.json breaks the report schema (version {SCHEMA_VERSION}): {shown}"
+    return data, None
 
 
 def synthesize(
