@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from torchls.probe import ReproOptions, ReproUsageError
+from torchls.probe.document import Finding, Summary
 from torchls.probe.prepare import prepare
 from torchls.probe.report import ReproReport
 from torchls.probe.runner import Extras, run_cold
@@ -142,37 +143,36 @@ def _line_text(sources: ProjectSources, filename: Any, line: Any) -> str:
     return " ".join(sources.line(filename, line).split())
 
 
-def finding_keys(side: Side, report: ReproReport) -> dict[tuple[str, str], dict[str, Any]]:
+def finding_keys(side: Side, report: ReproReport) -> dict[tuple[str, str], Finding]:
     """Findings keyed by (code, the text of their line): line numbers move between versions."""
     sources = ProjectSources(side.root, allow=(str(side.file),))
-    keyed = {}
-    for item in report.data.get("findings") or []:
-        text = _line_text(sources, item.get("filename"), item.get("line"))
-        keyed.setdefault((str(item.get("code")), text or str(item.get("line"))), item)
+    keyed: dict[tuple[str, str], Finding] = {}
+    for item in report.data["findings"]:
+        text = _line_text(sources, item["filename"], item["line"])
+        keyed.setdefault((item["code"], text or str(item["line"])), item)
     return keyed
 
 
-def _serious(items: dict[tuple[str, str], dict[str, Any]]) -> set[tuple[str, str]]:
-    return {key for key, item in items.items() if item.get("severity") in SERIOUS}
+def _serious(items: dict[tuple[str, str], Finding]) -> set[tuple[str, str]]:
+    return {key for key, item in items.items() if item["severity"] in SERIOUS}
 
 
 def traced_lines(side: Side, report: ReproReport) -> dict[str, dict[str, Any]]:
     """The first output of each traced line, keyed by the line's text."""
     sources = ProjectSources(side.root, allow=(str(side.file),))
     found: dict[str, dict[str, Any]] = {}
-    for line_record in report.data.get("lines") or []:
-        if os.path.realpath(str(line_record.get("filename"))) != os.path.realpath(side.file):
+    for line_record in report.data["lines"]:
+        filename, line = line_record["filename"], line_record["line"]
+        if os.path.realpath(filename) != os.path.realpath(side.file):
             continue
-        text = _line_text(sources, line_record.get("filename"), line_record.get("line")) or str(
-            line_record.get("line")
-        )
-        entries = line_record.get("entries") or []
-        outputs = (entries[-1].get("outputs") or [{}]) if entries else [{}]
-        first = outputs[0] if isinstance(outputs[0], dict) else {}
+        text = _line_text(sources, filename, line) or str(line)
+        entries = line_record["entries"]
+        outputs: list[Summary] = (entries[-1].get("outputs") or [{}]) if entries else [{}]
+        first = outputs[0]
         found.setdefault(
             text,
             {
-                "line": line_record.get("line"),
+                "line": line,
                 "shape": first.get("shape"),
                 "dtype": first.get("dtype"),
                 "finite": not any(e.get("nonfinite_count") for e in entries),
@@ -182,18 +182,18 @@ def traced_lines(side: Side, report: ReproReport) -> dict[str, dict[str, Any]]:
 
 
 def _losses(report: ReproReport) -> list[float | None]:
-    return [item.get("value") for item in (report.data.get("training") or {}).get("loss") or []]
+    return [item["value"] for item in (report.data.get("training") or {}).get("loss") or []]
 
 
 def _first_nonfinite(side: Side, report: ReproReport) -> dict[str, Any] | None:
-    first = next((f for f in report.data.get("findings") or [] if f.get("code") == "TL901"), None)
+    first = next((f for f in report.data["findings"] if f["code"] == "TL901"), None)
     if first is None:
         return None
     sources = ProjectSources(side.root, allow=(str(side.file),))
     return {
-        "line": first.get("line"),
-        "text": _line_text(sources, first.get("filename"), first.get("line")),
-        "message": first.get("message"),
+        "line": first["line"],
+        "text": _line_text(sources, first["filename"], first["line"]),
+        "message": first["message"],
     }
 
 
@@ -265,19 +265,13 @@ def compare(base: Side, cand: Side, notes: dict[str, Any]) -> dict[str, Any]:
 
 
 def _counts(side: Side) -> dict[str, Any]:
-    nan = sum(
-        1
-        for r in side.reports
-        if any(f.get("code") == "TL901" for f in r.data.get("findings") or [])
-    )
+    nan = sum(1 for r in side.reports if any(f["code"] == "TL901" for f in r.data["findings"]))
     finals = [loss[-1] for r in side.reports if (loss := _losses(r)) and loss[-1] is not None]
     return {
         "runs": len(side.reports),
         "nonfinite": nan,
         "serious": sum(
-            1
-            for r in side.reports
-            if any(f.get("severity") in SERIOUS for f in r.data.get("findings") or [])
+            1 for r in side.reports if any(f["severity"] in SERIOUS for f in r.data["findings"])
         ),
         "final_loss": {"min": min(finals), "max": max(finals)} if finals else None,
     }

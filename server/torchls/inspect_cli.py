@@ -103,7 +103,7 @@ def inspect_data(
         file_size_mb=file_size_mb,
     )
     extras = Extras(mode="inspect", rewrite_to=rewrite_to)
-    return run_cold(prepare(path, options), None, None, extras).data
+    return dict(run_cold(prepare(path, options), None, None, extras).data)
 
 
 def run(args: argparse.Namespace) -> int:

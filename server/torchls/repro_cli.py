@@ -13,7 +13,10 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from typing import TYPE_CHECKING
 
+if TYPE_CHECKING:  # the probe's modules are imported when a repro runs, not at start-up
+    from torchls.probe.document import Report
 from torchls.config import DEFAULT_MEMORY_MB, DEFAULT_STEPS, DEFAULT_TIMEOUT_S, DEVICE_CHOICES
 
 EXIT_CLEAN = 0
@@ -209,13 +212,15 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_FINDINGS if serious else EXIT_CLEAN
 
 
-def sandbox_line(data: dict) -> str | None:
+def sandbox_line(data: Report) -> str | None:
     """The report's line naming the active and missing protections (None: all held)."""
     from torchls.probe import untrusted
     from torchls.probe.sandbox import protections_line
 
-    sandbox = data.get("sandbox") or {}
-    line = sandbox.get("summary") or protections_line(sandbox.get("layers") or [])
+    sandbox = data.get("sandbox")
+    if sandbox is None:
+        return None
+    line = sandbox.get("summary") or protections_line(sandbox["layers"])
     return untrusted.one_line(line, 2000) if line else None
 
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torchls_probe.contracts import check_loss
 from torchls_probe.device import observe
 from torchls_probe.environment import git_revision
-from torchls_probe.report import dumps
+from torchls_probe.report import dumps, skeleton
 
 
 def messages(func, *args, **kwargs):
@@ -73,20 +73,26 @@ def test_oversized_report_sheds_tensor_detail_but_keeps_findings():
         {
             "filename": "f.py",
             "line": i,
-            "entries": [{"nonfinite_count": 0, "outputs": [output] * 4}],
+            "entries": [
+                {
+                    "op": "torch.relu",
+                    "column": 1,
+                    "end_column": 5,
+                    "nonfinite_count": 0,
+                    "outputs": [output] * 4,
+                }
+            ],
         }
         for i in range(200)
     ]
-    report = {
-        "findings": [{"code": "TL901", "message": "kept"}],
-        "lines": lines,
-        "dropped_lines": 0,
-        "truncated": False,
-        "value": float("nan"),
-    }
+    lines[0]["entries"][0]["outputs"] = [{**output, "mean": float("nan")}]
+    kept = {"code": "TL901", "severity": "error", "filename": "f.py", "message": "kept"}
+    kept.update(line=1, column=1, end_line=1, end_column=2)
+    report = skeleton("ok", "end", "f.py", [kept])
+    report["lines"] = lines
     text = dumps(report, 4000)
     data = json.loads(text)
     assert len(text.encode()) <= 4000
     assert data["truncated"] is True and data["findings"][0]["message"] == "kept"
     assert data["dropped_lines"] == 200 - len(data["lines"])
-    assert data["value"] is None  # strict JSON: no NaN literal
+    assert data["lines"][0]["entries"][0]["outputs"][0]["mean"] is None  # strict: no NaN

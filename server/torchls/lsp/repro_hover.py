@@ -29,6 +29,7 @@ from torchls.lsp.repro_lookup import ValueSpan, value_at
 from torchls.lsp.repro_state import FileTrace, LineMap, ReproResult, real_path
 from torchls.lsp.server import Snapshot, TorchLanguageServer
 from torchls.probe import untrusted
+from torchls.probe.document import Entry, Event, LineRecord, Summary
 
 MAX_EXPRESSION = 40
 MAX_EVENTS = 3
@@ -63,26 +64,26 @@ def _int(value: Any, default: int = 0) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
-def _shape(summary: dict[str, Any]) -> str:
+def _shape(summary: Summary) -> str:
     shape = summary.get("shape")
     if not isinstance(shape, list):
         return "—"
     return "scalar" if not shape else "[" + ", ".join(str(_int(d, -1)) for d in shape) + "]"
 
 
-def nonfinite_counts(summary: dict[str, Any]) -> str:
-    counts = summary.get("nonfinite")
-    counts = counts if isinstance(counts, dict) else {}
-    parts = [
-        f"{_int(counts.get(key))} {label}"
-        for key, label in (("nan", "NaN"), ("posinf", "+inf"), ("neginf", "-inf"))
-        if _int(counts.get(key))
-    ]
-    total = _int(counts.get("numel"))
+def nonfinite_counts(summary: Summary) -> str:
+    counts = summary.get("nonfinite") or {}
+    found = (
+        (counts.get("nan"), "NaN"),
+        (counts.get("posinf"), "+inf"),
+        (counts.get("neginf"), "-inf"),
+    )
+    parts = [f"{count} {label}" for count, label in found if count]
+    total = counts.get("numel")
     return ", ".join(parts) + (f" of {total}" if total else "")
 
 
-def _finite(summary: dict[str, Any]) -> str:
+def _finite(summary: Summary) -> str:
     if summary.get("uninitialized"):
         return "uninitialized"
     finite = summary.get("finite")
@@ -91,30 +92,29 @@ def _finite(summary: dict[str, Any]) -> str:
     return "✓" if finite else f"✗ {nonfinite_counts(summary)}"
 
 
-def _stats(summary: dict[str, Any]) -> str:
+def _stats(summary: Summary) -> str:
     """min / max / mean; where the tensor holds infinities or NaN, those are the extremes (the
     report's figures cover the finite values only, which alone would read as a normal range)."""
     if "min" not in summary:
         return "—"
-    counts = summary.get("nonfinite")
-    counts = counts if isinstance(counts, dict) else {}
-    low = "-inf" if _int(counts.get("neginf")) else _number(summary.get("min"))
-    high = "+inf" if _int(counts.get("posinf")) else _number(summary.get("max"))
-    mean = "nan" if _int(counts.get("nan")) or (low == "-inf" and high == "+inf") else None
+    counts = summary.get("nonfinite") or {}
+    low = "-inf" if counts.get("neginf") else _number(summary.get("min"))
+    high = "+inf" if counts.get("posinf") else _number(summary.get("max"))
+    mean = "nan" if counts.get("nan") or (low == "-inf" and high == "+inf") else None
     if mean is None:
         mean = low if low == "-inf" else high if high == "+inf" else _number(summary.get("mean"))
     return " / ".join((low, high, mean))
 
 
-def _grad(grad: Any) -> str:
-    if not isinstance(grad, dict):
+def _grad(grad: Summary | None) -> str:
+    if grad is None:
         return "—"
     if grad.get("finite") is False:
         return f"✗ {nonfinite_counts(grad)}"
     return f"✓ mean {_number(grad.get('mean'))}"
 
 
-def _expression(entry: dict[str, Any], line: str) -> str:
+def _expression(entry: Entry, line: str) -> str:
     column, end = _int(entry.get("column"), 1) - 1, _int(entry.get("end_column"), 1) - 1
     text = line[column:end] if 0 <= column < end <= len(line) else ""
     op = str(entry.get("op") or "")
@@ -130,7 +130,7 @@ def _expression(entry: dict[str, Any], line: str) -> str:
     return label
 
 
-def entry_row(entry: dict[str, Any], line: str, index: int | None = None) -> str:
+def entry_row(entry: Entry, line: str, index: int | None = None) -> str:
     """One table row; `index` picks the output a name was unpacked from (`a, b = f(x)`)."""
     outputs = entry.get("outputs") or [{}]
     pick = index if index is not None and 0 <= index < len(outputs) else 0
@@ -169,7 +169,7 @@ def _run_summary(result: ReproResult) -> str:
     return " ".join(parts)
 
 
-def ranks_section(record: dict[str, Any], line: str) -> list[str]:
+def ranks_section(record: LineRecord, line: str) -> list[str]:
     """A distributed repro's line whose values differ between ranks: the others' values."""
     marks = record.get("ranks")
     if not isinstance(marks, dict) or not marks.get("differ"):
@@ -194,7 +194,7 @@ def ranks_section(record: dict[str, Any], line: str) -> list[str]:
 # -- non-finite values --------------------------------------------------------------------------
 
 
-def _where(event: dict[str, Any], trace: FileTrace, mapping: LineMap) -> str:
+def _where(event: Event, trace: FileTrace, mapping: LineMap) -> str:
     """Where an event is now: "line N" in this file (marked when edited), else file:line."""
     row = _int(event.get("line"))
     filename = event.get("filename")
@@ -204,16 +204,14 @@ def _where(event: dict[str, Any], trace: FileTrace, mapping: LineMap) -> str:
     return f"line {current}" if current is not None else f"line {row} (edited)"
 
 
-def _when(event: dict[str, Any]) -> str:
+def _when(event: Event) -> str:
     """The phase and the optimizer step it belonged to, e.g. "forward, step 1"."""
     phase = _cell(event.get("phase") or "?")
     before = event.get("optimizer_steps_before")
     return f"{phase}, step {_int(before) + 1}" if isinstance(before, int) else phase
 
 
-def _event_text(
-    event: dict[str, Any], result: ReproResult, trace: FileTrace, mapping: LineMap
-) -> str:
+def _event_text(event: Event, result: ReproResult, trace: FileTrace, mapping: LineMap) -> str:
     op = _code(event.get("op") or "?", 200)
     counts = nonfinite_counts(event.get("summary") or {})
     if event.get("origin") == "mask":
@@ -302,8 +300,8 @@ def line_markdown(
 
 
 def pick_entries(
-    entries: list[dict[str, Any]], column: int, end_column: int | None, exact: bool = False
-) -> list[dict[str, Any]]:
+    entries: list[Entry], column: int, end_column: int | None, exact: bool = False
+) -> list[Entry]:
     """The traced ops that computed the whole expression at [column, end_column) (0-based code
     points): every exact match (a module constructor makes several tensors), else (unless
     `exact`) the widest op inside it, the latest among equals (entries are in first-seen

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from torchls.analysis.source import split_lines
+from torchls.probe.document import Event, Finding, LineRecord, Report
 from torchls.probe.sources import ProjectSources, source_lines
 from torchls.records import field, record
 
@@ -100,9 +101,9 @@ class FileTrace:
 
     path: str
     baseline: list[str]
-    findings: list[dict[str, Any]] = field(default_factory=list)
-    lines: dict[int, dict[str, Any]] = field(default_factory=dict)
-    events: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    lines: dict[int, LineRecord] = field(default_factory=dict)
+    events: list[Event] = field(default_factory=list)
     _map: tuple[tuple[int | None, str], LineMap] | None = None
 
     def line_map(self, version: int | None, text: str) -> LineMap:
@@ -124,39 +125,39 @@ class ReproResult:
 
     uri: str
     run_id: int
-    data: dict[str, Any]
+    data: Report
     files: dict[str, FileTrace]
 
     @property
     def status(self) -> str:
-        return str(self.data.get("status", "crashed"))
+        return self.data["status"]
 
     @property
     def runner(self) -> str:
-        return str((self.data.get("timing") or {}).get("runner") or "")
+        return str(self.data["timing"].get("runner") or "")
 
-    def event(self, index: int) -> dict[str, Any] | None:
-        for event in (self.data.get("nonfinite") or {}).get("events") or []:
-            if event.get("index") == index:
+    def event(self, index: int) -> Event | None:
+        for event in self.data["nonfinite"]["events"]:
+            if event["index"] == index:
                 return event
         return None
 
     @property
-    def chain(self) -> list[dict[str, Any]]:
+    def chain(self) -> list[Event]:
         """The non-finite events from the first origin to the loss, in order."""
-        nonfinite = self.data.get("nonfinite") or {}
-        return [e for i in nonfinite.get("chain") or [] if (e := self.event(i)) is not None]
+        chain = self.data["nonfinite"]["chain"]
+        return [e for i in chain if (e := self.event(i)) is not None]
 
     @property
-    def first_event(self) -> dict[str, Any] | None:
-        first = (self.data.get("nonfinite") or {}).get("first")
-        return self.event(first) if isinstance(first, int) else None
+    def first_event(self) -> Event | None:
+        first = self.data["nonfinite"].get("first")
+        return self.event(first) if first is not None else None
 
 
 def build_result(
     uri: str,
     run_id: int,
-    data: dict[str, Any],
+    data: Report,
     baselines: dict[str, list[str]],
     root: str | os.PathLike[str] | None = None,
 ) -> ReproResult:
@@ -185,14 +186,14 @@ def build_result(
             files[path] = FileTrace(path, baseline)
         return files[path]
 
-    for finding in data.get("findings") or []:
-        if (trace := trace_of(finding.get("filename"))) is not None:
+    for finding in data["findings"]:
+        if (trace := trace_of(finding["filename"])) is not None:
             trace.findings.append(finding)
-    for line_record in data.get("lines") or []:
-        if (trace := trace_of(line_record.get("filename"))) is not None:
-            trace.lines[line_record["line"]] = line_record  # an int: the report was bounded
-    for event in (data.get("nonfinite") or {}).get("events") or []:
-        if (trace := trace_of(event.get("filename"))) is not None:
+    for line_record in data["lines"]:
+        if (trace := trace_of(line_record["filename"])) is not None:
+            trace.lines[line_record["line"]] = line_record  # an int: the schema says so
+    for event in data["nonfinite"]["events"]:
+        if (trace := trace_of(event["filename"])) is not None:
             trace.events.append(event)
     return ReproResult(uri, run_id, data, files)
 

@@ -67,6 +67,7 @@ from torchls.lsp.repro_state import FileTrace, build_result, read_baseline, real
 from torchls.lsp.rule_docs import _option_layers
 from torchls.lsp.server import Snapshot, TorchLanguageServer
 from torchls.probe import untrusted
+from torchls.probe.document import Finding, Report
 from torchls.probe.leftovers import REPRO, owned_prefix
 from torchls.records import record
 
@@ -308,7 +309,7 @@ class Comparison:
 
     run_id: int
     data: dict[str, Any]
-    baseline: dict[str, Any]  # the baseline run's report data
+    baseline: Report  # the baseline run's report data
 
 
 class Workflows:
@@ -533,7 +534,7 @@ class Workflows:
         root = repro.project_root(path)
         label = untrusted.one_line(baseline, 40)
 
-        def work() -> tuple[dict[str, Any], dict[str, Any], Any]:
+        def work() -> tuple[dict[str, Any], Report, Any]:
             from torchls.compare import run_compare
             from torchls.probe.report import ReproReport
 
@@ -541,7 +542,7 @@ class Workflows:
             lines = read_baseline(path)
             keep: list[ReproReport] = []
             comparison = run_compare(Path(path), baseline, options, 1, keep)
-            data = dict(keep[1].data)
+            data = keep[1].data.copy()
             data["findings"] = tagged_findings(comparison, data, label)
             baselines = {real_path(path): lines} if lines is not None else {}
             result = build_result(uri, 0, data, baselines, root=root)
@@ -640,9 +641,7 @@ class Workflows:
         return {"path": path, "html": page}
 
 
-def tagged_findings(
-    comparison: dict[str, Any], data: dict[str, Any], label: str
-) -> list[dict[str, Any]]:
+def tagged_findings(comparison: dict[str, Any], data: Report, label: str) -> list[Finding]:
     """The candidate's findings, each message saying whether the comparison with `label`
     introduced it or found it in both runs."""
     kinds: dict[tuple[str, Any], str] = {}
@@ -650,13 +649,11 @@ def tagged_findings(
         for item in comparison["findings"][kind]:
             kinds[(str(item.get("code")), item.get("line"))] = tag
     tagged = []
-    for item in data.get("findings") or []:
-        if not isinstance(item, Mapping):
-            continue
-        copy = dict(item)
-        tag = kinds.get((str(copy.get("code")), copy.get("line")))
-        if tag is not None:
-            copy["message"] = f"{copy.get('message', '')} ({tag})"
+    for item in data["findings"]:
+        copy = item.copy()
+        said = kinds.get((copy["code"], copy["line"]))
+        if said is not None:
+            copy["message"] = f"{copy['message']} ({said})"
         tagged.append(copy)
     return tagged
 
@@ -682,7 +679,7 @@ def add_fixed(
         indent = len(own) - len(own.lstrip())
         trace.findings.append(
             {
-                "code": item.get("code"),
+                "code": str(item.get("code")),
                 "filename": path,
                 "line": row,
                 "column": indent + 1,

@@ -20,6 +20,7 @@ import re
 from typing import Any
 
 from torchls.probe import untrusted
+from torchls.probe.document import Activation, Report, Training
 from torchls.probe.report import ReproReport
 
 MAX_BARS = 120
@@ -52,7 +53,7 @@ def _module_of(parameter: str) -> str:
     return parameter.rsplit(".", 1)[0] if "." in parameter else parameter
 
 
-def gradient_flow(training: dict[str, Any], without_grad: list[str]) -> tuple[list[str], Any]:
+def gradient_flow(training: Training, without_grad: list[str]) -> tuple[list[str], Any]:
     """(layer names in model order, a pygal bar chart): each layer's gradient norm at the
     first optimizer step, log scale; layers with no gradient get a marked bar of their own."""
     import pygal
@@ -96,19 +97,18 @@ def gradient_flow(training: dict[str, Any], without_grad: list[str]) -> tuple[li
     return order, chart
 
 
-def _first_step(training: dict[str, Any]) -> int | None:
-    steps = [p.get("step") for p in training.get("parameters") or []]
-    return min((s for s in steps if isinstance(s, int)), default=None)
+def _first_step(training: Training) -> int | None:
+    return min((p["step"] for p in training.get("parameters") or []), default=None)
 
 
-def activation_charts(training: dict[str, Any]) -> tuple[list[str], list[Any]]:
+def activation_charts(training: Training) -> tuple[list[str], list[Any]]:
     """(module names, charts): zero and non-finite fractions, and mean with spread, per module
     at the first step they ran."""
     import pygal
 
-    seen: dict[str, dict[str, Any]] = {}
+    seen: dict[str, Activation] = {}
     for item in training.get("activations") or []:
-        name = str(item.get("module"))
+        name = item["module"]
         if name not in seen and len(seen) < MAX_BARS:
             seen[name] = item
     names = list(seen)
@@ -140,7 +140,7 @@ def activation_charts(training: dict[str, Any]) -> tuple[list[str], list[Any]]:
     return names, [fractions, spread]
 
 
-def steps_chart(sides: list[tuple[str, dict[str, Any]]]) -> Any:
+def steps_chart(sides: list[tuple[str, Training]]) -> Any:
     """Loss per backward and gradient norm per step; one pair of lines per run."""
     import pygal
 
@@ -179,7 +179,7 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _lines_table(data: dict[str, Any]) -> str:
+def _lines_table(data: Report) -> str:
     rows = []
     for record in data.get("lines") or []:
         for entry in record.get("entries") or []:
@@ -207,7 +207,7 @@ def _lines_table(data: dict[str, Any]) -> str:
     return shown + more
 
 
-def _findings_table(data: dict[str, Any]) -> str:
+def _findings_table(data: Report) -> str:
     found = data.get("findings") or []
     if not found:
         return "<p>No findings.</p>"
@@ -217,15 +217,15 @@ def _findings_table(data: dict[str, Any]) -> str:
     return _table(["code", "severity", "where", "message"], rows)
 
 
-def _boundary(data: dict[str, Any]) -> str:
+def _boundary(data: Report) -> str:
     environment = data.get("environment") or {}
-    device = data.get("device") or {}
     rows = [
         [key, value] for key, value in environment.items() if not isinstance(value, dict | list)
     ]
-    rows += [[f"device {k}", v] for k, v in device.items() if not isinstance(v, dict)]
-    layers = (data.get("sandbox") or {}).get("layers") or []
-    rows += [[f"sandbox {x.get('name')}", "held" if x.get("held") else "NOT held"] for x in layers]
+    rows += [[f"device {k}", v] for k, v in data["device"].items() if not isinstance(v, dict)]
+    sandbox = data.get("sandbox")
+    layers = sandbox["layers"] if sandbox is not None else []
+    rows += [[f"sandbox {x['name']}", "held" if x["held"] else "NOT held"] for x in layers]
     return _table(["", ""], rows)
 
 
@@ -238,15 +238,15 @@ def render_html(
 ) -> str:
     """The whole page; `other` is the baseline run of a comparison, overlaid on the charts."""
     data = report.data
-    training = data.get("training") or {}
-    without = list((data.get("parameters") or {}).get("without_grad") or [])
+    training: Training = data.get("training") or {}
+    without = list(data["parameters"].get("without_grad") or [])
     _, flow = gradient_flow(training, without)
     _, activation = activation_charts(training)
     sides = [("this run" if other is None else "candidate", training)]
     if other is not None:
         sides.insert(0, (other[0], other[1].data.get("training") or {}))
-    target = (data.get("target") or {}).get("file") or ""
-    status = f"{data.get('status')}, stopped by {data.get('stopped_by')}"
+    target = data["target"]["file"]
+    status = f"{data['status']}, stopped by {data['stopped_by']}"
     parts = [
         "<!doctype html>",
         '<html lang="en"><head><meta charset="utf-8">',

@@ -17,6 +17,7 @@ import os
 from typing import Any
 
 from torchls.probe import untrusted
+from torchls.probe.document import Event, Report, Sandbox, Summary
 from torchls.probe.report import ReproReport
 from torchls.probe.sources import ProjectSources
 
@@ -77,7 +78,7 @@ class Places:
         return f"{where}:{line}" + (f":{column}" if column is not None else "")
 
 
-def _header(data: dict[str, Any], places: Places) -> list[str]:
+def _header(data: Report, places: Places) -> list[str]:
     target = data.get("target") or {}
     status = data.get("status", "?")
     stopped = {
@@ -125,24 +126,24 @@ def _header(data: dict[str, Any], places: Places) -> list[str]:
     return lines
 
 
-def _sandbox(data: dict[str, Any]) -> list[str]:
-    sandbox = data.get("sandbox") or {}
-    layers = sandbox.get("layers") or []
-    held = [layer["name"] for layer in layers if layer.get("held")]
+def _sandbox(data: Report) -> list[str]:
+    sandbox: Sandbox = data.get("sandbox") or {"layers": []}
+    layers = sandbox["layers"]
+    held = [layer["name"] for layer in layers if layer["held"]]
     lines = [f"sandbox: {', '.join(held) or 'nothing'}"]
     for layer in layers:
-        if not layer.get("held"):
+        if not layer["held"]:
             lines.append(f"  NOT HELD: {layer['name']}: {layer.get('detail', '')}")
     for warning in sandbox.get("warnings") or []:
         lines.append(f"  warning: {warning}")
     return lines
 
 
-def _setup_error(data: dict[str, Any]) -> list[str]:
-    exception = data.get("exception") or {}
-    if exception.get("kind") not in ("setup", "device"):
+def _setup_error(data: Report) -> list[str]:
+    exception = data["exception"]
+    if exception is None or exception["kind"] not in ("setup", "device"):
         return []
-    return ["", f"error: {exception.get('message')}"]
+    return ["", f"error: {exception['message']}"]
 
 
 def _caret(
@@ -161,9 +162,9 @@ def _caret(
     ]
 
 
-def _event_by_index(data: dict[str, Any], index: int | None) -> dict[str, Any] | None:
-    for event in (data.get("nonfinite") or {}).get("events") or []:
-        if event.get("index") == index:
+def _event_by_index(data: Report, index: int | None) -> Event | None:
+    for event in data["nonfinite"]["events"]:
+        if event["index"] == index:
             return event
     return None
 
@@ -175,23 +176,22 @@ _QUIET_ORIGINS = {
 }
 
 
-def _first_nonfinite(data: dict[str, Any], places: Places, sources: ProjectSources) -> list[str]:
-    nonfinite = data.get("nonfinite") or {}
-    events = nonfinite.get("events") or []
+def _first_nonfinite(data: Report, places: Places, sources: ProjectSources) -> list[str]:
+    nonfinite = data["nonfinite"]
+    events = nonfinite["events"]
     if not events:
         return []
-    first = next((f for f in data.get("findings") or [] if f.get("code") == "TL901"), None)
+    first = next((f for f in data["findings"] if f["code"] == "TL901"), None)
     event = _event_by_index(data, nonfinite.get("first")) or events[0]
     where = f"{places.at(event['filename'], event['line'], event['column'])}"
     lines = ["", f"first non-finite value: {event['phase']}, {where}"]
     note = first["message"].split(": ", 1)[-1] if first else event["op"]
-    if first is None and event.get("origin") in _QUIET_ORIGINS:
+    if first is None and event["origin"] in _QUIET_ORIGINS:
         note = f"{event['op']} ({_QUIET_ORIGINS[event['origin']]}: not a finding)"
     lines += _caret(
         sources, event["filename"], event["line"], event["column"], event["end_column"], note
     )
-    chain = [_event_by_index(data, i) for i in nonfinite.get("chain") or []]
-    chain = [e for e in chain if e is not None]
+    chain = [e for i in nonfinite["chain"] if (e := _event_by_index(data, i)) is not None]
     if len(chain) > 1:
         hops = [f"{places.at(e['filename'], e['line'])} {e['op']} ({e['origin']})" for e in chain]
         lines.append("  chain: " + " -> ".join(hops))
@@ -206,22 +206,21 @@ def _first_nonfinite(data: dict[str, Any], places: Places, sources: ProjectSourc
     return lines
 
 
-def _parameters(data: dict[str, Any]) -> list[str]:
-    params = data.get("parameters") or {}
+def _parameters(data: Report) -> list[str]:
+    params = data["parameters"]
     lines = []
-    for key, label in (
-        ("without_grad", "parameters without gradients"),
-        ("zero_grad", "parameters with all-zero gradients"),
-        ("not_in_optimizer", "parameters in no optimizer"),
+    for names, label in (
+        (params.get("without_grad"), "parameters without gradients"),
+        (params.get("zero_grad"), "parameters with all-zero gradients"),
+        (params.get("not_in_optimizer"), "parameters in no optimizer"),
     ):
-        names = params.get(key) or []
         if names:
             lines.append(f"{label}: {', '.join(names)}")
     return ["", *lines] if lines else []
 
 
-def _contracts(data: dict[str, Any], places: Places, sources: ProjectSources) -> list[str]:
-    found = [f for f in data.get("findings") or [] if f.get("code") == "TL903"]
+def _contracts(data: Report, places: Places, sources: ProjectSources) -> list[str]:
+    found = [f for f in data["findings"] if f["code"] == "TL903"]
     if not found:
         return []
     lines = ["", "contract violations:"]
@@ -237,25 +236,22 @@ def _contracts(data: dict[str, Any], places: Places, sources: ProjectSources) ->
     return lines
 
 
-def _exception(data: dict[str, Any], places: Places, sources: ProjectSources) -> list[str]:
-    exception = data.get("exception") or {}
-    if exception.get("kind") not in ("user", "limit") or not exception.get("filename"):
+def _exception(data: Report, places: Places, sources: ProjectSources) -> list[str]:
+    exception = data["exception"]
+    if exception is None or exception["kind"] not in ("user", "limit"):
         return []
-    where = f"{places.at(exception['filename'], exception['line'], exception['column'])}"
+    filename, line = exception.get("filename"), exception.get("line")
+    column, end_column = exception.get("column"), exception.get("end_column")
+    if not filename or line is None or column is None or end_column is None:
+        return []
+    where = f"{places.at(filename, line, column)}"
     lines = ["", f"exception: {exception['type']} at {where}"]
-    note = str(exception.get("message", "")).strip().splitlines()
-    lines += _caret(
-        sources,
-        exception["filename"],
-        exception["line"],
-        exception["column"],
-        exception["end_column"],
-        note[0][:160] if note else "",
-    )
+    note = exception["message"].strip().splitlines()
+    lines += _caret(sources, filename, line, column, end_column, note[0][:160] if note else "")
     return lines
 
 
-def _findings(data: dict[str, Any], places: Places) -> list[str]:
+def _findings(data: Report, places: Places) -> list[str]:
     found = data.get("findings") or []
     if not found:
         return []
@@ -274,7 +270,7 @@ def _findings(data: dict[str, Any], places: Places) -> list[str]:
     return lines
 
 
-def _ranks(data: dict[str, Any], places: Places) -> list[str]:
+def _ranks(data: Report, places: Places) -> list[str]:
     """A distributed repro: the ranks, how each ended, and the stacks taken at a hang."""
     block = data.get("distributed")
     if not isinstance(block, dict) or not block.get("ranks"):
@@ -309,28 +305,29 @@ def _ranks(data: dict[str, Any], places: Places) -> list[str]:
     return lines
 
 
-def _shape(output: dict[str, Any]) -> str:
+def _shape(output: Summary) -> str:
     return "[" + ", ".join(str(d) for d in output.get("shape", [])) + "]"
 
 
-def _table(data: dict[str, Any], places: Places) -> list[str]:
+def _table(data: Report, places: Places) -> list[str]:
     rows = []
-    for record in data.get("lines") or []:
-        for entry in record.get("entries") or []:
-            outputs = entry.get("outputs") or [{}]
+    for record in data["lines"]:
+        for entry in record["entries"]:
+            outputs: list[Summary] = entry.get("outputs") or [{}]
             first = outputs[0]
-            op = str(entry.get("op", ""))
+            op = entry["op"]
             if entry.get("setup") or first.get("uninitialized") or op.startswith("torch.nn.init."):
                 # Building, moving, resetting or saving the model (layer constructors,
                 # `model.to`, BatchNorm's running statistics, `state_dict()`): JSON only.
                 continue
             finite = "NaN/Inf" if entry.get("nonfinite_count") else "yes"
             # A distributed repro: this line's values are not the same on every rank.
-            differs = " *" if (record.get("ranks") or {}).get("differ") else ""
+            ranks = record.get("ranks")
+            differs = " *" if ranks is not None and ranks["differ"] else ""
             rows.append(
                 (
                     f"{places.at(record['filename'], record['line'])}{differs}",
-                    entry.get("op", ""),
+                    op,
                     _shape(first) + (f" +{len(outputs) - 1}" if len(outputs) > 1 else ""),
                     str(first.get("dtype", "")),
                     finite,
@@ -354,7 +351,7 @@ def _table(data: dict[str, Any], places: Places) -> list[str]:
     return lines
 
 
-def _written(data: dict[str, Any], places: Places) -> list[str]:
+def _written(data: Report, places: Places) -> list[str]:
     """What the run wrote into the project's copy (thrown away, unless --keep-outputs)."""
     written = data.get("written") or {}
     files = written.get("files") or []
@@ -381,7 +378,7 @@ def _bytes(size: int) -> str:
     return f"{size} B"
 
 
-def _notes(data: dict[str, Any]) -> list[str]:
+def _notes(data: Report) -> list[str]:
     """What the run and the host noted about the run itself (a bound that cut a data pass,
     dropped output, a probe error): one line each, the first few, as untrusted text."""
     notes = [note for note in data.get("notes") or [] if isinstance(note, str) and note.strip()]
@@ -394,7 +391,7 @@ def _notes(data: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _output(data: dict[str, Any]) -> list[str]:
+def _output(data: Report) -> list[str]:
     output = data.get("output") or {}
     size = output.get("bytes") or 0
     if not size:
