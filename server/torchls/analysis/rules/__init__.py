@@ -1,14 +1,17 @@
-"""The rule catalog. Importing this package registers every rule (one module per code family)."""
+"""The rule catalog: one module per rule (`tl201_eval_without_eval_mode.py`), found and imported
+here so that importing this package registers every rule.
 
-from torchls.analysis.rules import (  # noqa: F401
-    autograd,
-    checkpoints,
-    distributed,
-    keras,
-    lightning,
-    losses,
-    modes,
-    numerics,
-    optimization,
-    shapes,
-)
+Why discovery rather than a list: adding a rule is adding one file; nothing else has to name it.
+Modules whose name starts with `_` are helpers (edit builders, predicates shared by the rules of
+one family), imported by the rule modules that use them, never registered.
+In: the package's folder. Out: the side effect of `@rule` in each module.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+for _module in sorted(info.name for info in pkgutil.iter_modules(__path__)):
+    if not _module.startswith("_"):
+        importlib.import_module(f"{__name__}.{_module}")
