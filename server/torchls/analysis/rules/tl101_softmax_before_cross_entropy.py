@@ -1,0 +1,62 @@
+"""TL101 `softmax-before-cross-entropy`: cross-entropy fed a softmax (or log-softmax)
+output rather than logits, with a fix that passes the logits when the softmax is local.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from torchls.analysis.facts import Facts
+from torchls.analysis.losses import loss_related
+from torchls.analysis.registry import Hit, rule
+from torchls.analysis.rules._losses import _input_rule, describe, related_for
+
+
+@rule(
+    "TL101",
+    "softmax-before-cross-entropy",
+    "E",
+    "Cross-entropy gets softmax output instead of logits",
+    fix="safe",
+)
+def softmax_before_cross_entropy(facts: Facts) -> Iterator[Hit]:
+    """
+    ## What it catches
+    The input of `nn.CrossEntropyLoss` / `F.cross_entropy` is already a softmax (or
+    log-softmax, or `exp(log_softmax(...))`) output: directly, through local variables and
+    shape-only methods (`.view()`, `.reshape()`, `.squeeze()`), through a helper's parameter
+    (a cross-entropy wrapper, an `nn.Sequential` head passed to a custom module), or because
+    the model's `forward` (or an `nn.Sequential`) ends in a softmax, also in another project
+    file. A loss passed as a default argument counts; a loss name bound to different kinds on
+    different paths (CTC in one branch, cross-entropy in the other) is not reported. When an
+    `if` chooses the model or the tensor (`model = A()` / `model = B()`, a module-level choice
+    read by the training function included), a choice that feeds a softmax is reported with
+    the line of that choice; a softmax in `forward` under `if self.flag:`, with the flag a
+    constructor parameter the model is built with set (or left by default) to a false
+    constant, is a path that never runs and is not reported.
+
+    ## Why it is wrong
+    Cross-entropy applies `log_softmax` to its input itself. Feeding it probabilities squashes
+    the logits twice: the loss stays high, gradients shrink, and training stalls or converges to
+    a worse model without any error.
+
+    ## Example
+    ```python
+    probs = F.softmax(model(x), dim=1)
+    loss = F.cross_entropy(probs, y)      # TL101
+    ```
+
+    ## Fix
+    Pass the raw logits: `loss = F.cross_entropy(model(x), y)`; keep the softmax only for
+    metrics or inference. The fix is applied automatically when the softmax is local.
+    """
+    for loss_call, origins, fix in _input_rule(
+        facts, {"CrossEntropyLoss"}, {"softmax", "log_softmax"}, "softmax", True
+    ):
+        yield Hit(
+            loss_call.input,  # type: ignore[arg-type]
+            f"{loss_call.loss} input {describe(facts, loss_call.input, origins[0])} is already "
+            "a softmax output; cross-entropy expects raw logits",
+            fix,
+            related_for(facts, origins, "softmax") + loss_related(facts, loss_call),
+        )

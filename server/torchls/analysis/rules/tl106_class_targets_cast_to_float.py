@@ -1,0 +1,110 @@
+"""TL106 `class-targets-cast-to-float`: class-index targets straight from the data cast to
+float before cross-entropy / NLL; soft labels are told apart by name and stay quiet.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+
+from torchls.analysis.facts import Facts
+from torchls.analysis.findings import Fix
+from torchls.analysis.queries.tensors import float_cast
+from torchls.analysis.registry import Hit, rule
+from torchls.analysis.rules._edits import replace_node
+from torchls.analysis.rules._losses import _short
+
+SOFT_LABEL_HINT = re.compile(r"one_?hot|soft|smooth|mix|cutmix|prob|dist|teacher|lam", re.I)
+INDEX_NAME = re.compile(
+    r"^(y|ys|yb|y_batch|labels?|targets?|tgt|gt|cls|classes|class_ids?|y_true|"
+    r".+_labels?|.+_targets?|labels?_.+|targets?_.+)$",
+    re.I,
+)
+
+
+def is_class_index_source(facts: Facts, expr: ast.expr) -> bool:
+    """True when every origin of `expr` looks like class indices straight from the data: a
+    loop target or an item of a batch, with no sign of soft labels on the way."""
+    origins = facts.origins(expr)
+    if not origins:
+        return False
+    for origin in origins:
+        if origin.facts is not None or not all(facts.owns(n) for n in origin.via):
+            return False
+        text = " ".join(facts.source.segment(n) for n in (origin.node, *origin.via))
+        if SOFT_LABEL_HINT.search(text):
+            return False
+        node = origin.node
+        if isinstance(node, ast.Name):
+            assignment = facts.reaching_assignment(node)
+            if assignment is not None and assignment.loop is not None:
+                if not INDEX_NAME.match(node.id):
+                    return False
+                continue
+            if assignment is None and INDEX_NAME.match(node.id):
+                continue
+            return False
+        if isinstance(node, ast.Subscript):
+            key = node.slice
+            if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                if INDEX_NAME.match(key.value):
+                    continue
+            return False
+        if isinstance(node, ast.Call) and facts.method_name(node) == "long":
+            continue
+        return False
+    return True
+
+
+@rule(
+    "TL106",
+    "class-targets-cast-to-float",
+    "E",
+    "Class-index targets cast to float before cross-entropy / NLL",
+    fix="safe",
+)
+def class_targets_cast_to_float(facts: Facts) -> Iterator[Hit]:
+    """
+    ## What it catches
+    Integer class-index targets converted with `.float()`, `.double()`, `.half()` or
+    `.to(torch.float32)` right before `CrossEntropyLoss` / `NLLLoss`.
+
+    ## Why it is wrong
+    With a float target, `CrossEntropyLoss` switches to its soft-label mode and expects a
+    `[N, C]` probability tensor: a `[N]` float target raises a shape error at best; with
+    `NLLLoss` it fails outright. Class indices must stay `int64`. Soft labels built from
+    `one_hot`, mixup or label smoothing are float on purpose and are not reported.
+
+    ## Example
+    ```python
+    for x, y in loader:
+        loss = criterion(model(x), y.float())   # TL106
+    ```
+
+    ## Fix
+    Drop the cast, or use `.long()`. The fix replaces the cast with `.long()`.
+    """
+    for loss_call in facts.loss_calls:
+        if loss_call.loss not in ("CrossEntropyLoss", "NLLLoss") or loss_call.target is None:
+            continue
+        target = loss_call.target
+        cast = float_cast(facts, target)
+        if cast is None and isinstance(target, ast.Name):
+            assignment = facts.reaching_assignment(target)
+            if assignment is not None and assignment.index is None and assignment.loop is None:
+                cast = float_cast(facts, assignment.value) if assignment.value else None
+        if cast is None or not is_class_index_source(facts, facts.receiver(cast)):  # type: ignore[arg-type]
+            continue
+        receiver = facts.receiver(cast)
+        fix = Fix(
+            "safe",
+            "Keep class indices as int64 (`.long()`)",
+            (replace_node(facts, cast, f"{facts.source.segment(receiver)}.long()"),),  # type: ignore[arg-type]
+        )
+        yield Hit(
+            cast,
+            f"class-index target `{_short(facts, receiver)}` is cast to float before "
+            f"{loss_call.loss}; class indices must stay int64",
+            fix,
+        )
