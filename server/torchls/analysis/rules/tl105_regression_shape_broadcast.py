@@ -1,4 +1,5 @@
-"""TL105: `[N, 1]` against `[N]` in regression losses and hand-written differences.
+"""TL105 `regression-shape-broadcast`: a `[N, 1]` tensor against a `[N]` one in a regression
+loss or a hand-written difference, which broadcasts to `[N, N]`; the unsafe fix squeezes.
 
 A small, conservative shape tracer: it only answers "column vector `[N, 1]`" or "flat `[N]`"
 when the code makes it certain (a `Linear(_, 1)` output, `unsqueeze(-1)`, `view(-1)`, a 1-D
