@@ -1,0 +1,291 @@
+"""Helpers shared by the train/eval-mode rules (TL201 eval-without-eval-mode, TL202
+eval-without-no-grad, TL203 train-mode-not-restored).
+
+Why a module of its own: those rules ask the same questions of a file (which loop evaluates,
+which function trains, which model calls an evaluation loop runs, and in which modes), and rule
+modules never import one another. It also holds the per-file providers (`facts.get(...)`) that
+keep what those questions compute, so `Facts` carries no rule-specific state.
+In: `Facts` and nodes. Out: the file's mode analysis, evaluation contexts, the model calls and
+helper forwards evaluation runs with their modes, and the providers' memos.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from torchls.analysis.facts import EVAL_FUNCTION_RE, Facts, FunctionNode
+from torchls.analysis.modes import ModeAnalysis, _is_mode_call, analyse_modes
+from torchls.analysis.queries.flow import guard_holds, guard_of
+
+
+class FileModes:
+    """The mode analysis of one file (`analyse_modes`), run once when first asked for and
+    shared by TL201-TL203 through `facts.get(FileModes)`."""
+
+    def __init__(self, facts: Facts) -> None:
+        self.analysis = analyse_modes(facts)
+
+
+class TrainingFunctions:
+    """Per file: whether each function asked about trains (`_function_trains`), so the
+    question is answered once per function, however many model calls its loops hold."""
+
+    def __init__(self, facts: Facts) -> None:
+        self.by_function: dict[ast.AST, bool] = {}
+
+
+class BackpropagatedCalls:
+    """Per file: for each training loop TL203 asks about, the calls whose value a backward()
+    of the loop runs through (filled by TL203's `_backpropagated_calls`)."""
+
+    def __init__(self, facts: Facts) -> None:
+        self.by_loop: dict[ast.AST, set[ast.Call]] = {}
+
+
+class TrainingForwards:
+    """Per file: for each training loop TL203 asks about, the forward passes whose graph a
+    backward() of the loop runs through (filled by TL203's `_trains_forward`)."""
+
+    def __init__(self, facts: Facts) -> None:
+        self.by_loop: dict[ast.AST, set[ast.Call]] = {}
+
+
+def modes_of(facts: Facts) -> ModeAnalysis:
+    """The mode analysis of this file, computed once and shared by TL201-TL203."""
+    return facts.get(FileModes).analysis
+
+
+def evaluation_context(facts: Facts, call: ast.Call) -> ast.AST | None:
+    """The evaluation loop `call` runs in, if any: a loop over a val/test loader, the
+    outermost loop of a function named like validate/evaluate/test, or a loop that behaves
+    like evaluation whatever its names (see `_evaluates_by_behaviour`). A context that calls
+    backward() is training (test-time adaptation, say), not evaluation."""
+    loops = facts.enclosing_loops(call)
+    if not loops:
+        return None
+    context = next((loop for loop in loops if facts.batch_loops.get(loop) == "eval"), None)
+    if context is None:
+        function = facts.enclosing_function(call)
+        if function is None:
+            return None
+        if _function_trains(facts, function):
+            return None
+        if EVAL_FUNCTION_RE.match(function.name) or _evaluates_by_behaviour(
+            facts, call, loops[-1], function
+        ):
+            context = loops[-1]
+        else:
+            return None
+    if facts.node_reaches(context, facts.is_backward) or _handles_optimizer(facts, context):
+        return None
+    return context
+
+
+def _handles_optimizer(facts: Facts, loop: ast.AST) -> bool:
+    """The loop clears gradients or hands an optimizer to something (`optimizer.zero_grad()`,
+    `loss_scaler(loss, optimizer)` whose backward is out of sight): it trains. Over a loader
+    named for evaluation, a lone `zero_grad()` with nothing stepped and no optimizer handed
+    on is a leftover, not training."""
+    calls = facts.calls_in(loop)
+    leftover = facts.batch_loops.get(loop) == "eval" and not any(
+        facts.method_name(call) == "step" for call in calls
+    )
+    for call in calls:
+        if facts.is_zero_grad(call) and not leftover:
+            return True
+        arguments = [*call.args, *(k.value for k in call.keywords)]
+        if any(facts.is_kind(a, "optimizer") for a in arguments if isinstance(a, ast.Name)):
+            return True
+    return False
+
+
+def _trainer(facts: Facts):
+    """A predicate for what makes a path a training path: backward() or an optimizer step
+    (an environment's `env.step(action)` is not one)."""
+
+    def trains(call: ast.Call) -> bool:
+        return facts.is_backward(call) or facts.optimizer_of_step(call) is not None
+
+    return trains
+
+
+def _function_trains(facts: Facts, function: ast.AST) -> bool:
+    """`function` (or what it calls) backwards or steps an optimizer; asked once per
+    function, for every model call in its loops."""
+    cache = facts.get(TrainingFunctions).by_function
+    found = cache.get(function)
+    if found is None:
+        found = cache[function] = facts.node_reaches(function, _trainer(facts))
+    return found
+
+
+def _evaluates_by_behaviour(facts: Facts, call: ast.Call, loop: ast.AST, function: ast.AST) -> bool:
+    """A loop that runs the model the way evaluation does, names aside: in a function that
+    never trains (no backward, no step) and is never run on a training path (no call of it
+    sits in a training loop, or in a step function that backwards), the loop feeds the model
+    with what it iterates (`for x, y in data: model(x)`), or feeds the model's outputs back
+    into it (greedy decoding: `y = model.decoder(y, state)` around the loop). What it
+    iterates includes what the body builds from it first (`x = dataset[i]`)."""
+    if not isinstance(loop, (ast.For, ast.AsyncFor)) or _on_training_path(facts, function):
+        return False
+    targets = _derived_from_target(facts, loop, call)
+    arguments = [*call.args, *(k.value for k in call.keywords)]
+    names = {n.id for a in arguments for n in ast.walk(a) if isinstance(n, ast.Name)}
+    if targets & names:
+        return True
+    scope = facts.scope(call)
+    for name in names:
+        for assignment in facts.assignments_of(name, scope):  # type: ignore[arg-type]
+            statement = assignment.stmt
+            if (
+                assignment.value is not None
+                and statement.lineno > call.lineno
+                and facts.is_inside(statement, loop)
+                and any(
+                    facts.is_inside(forward, loop)
+                    for forward in facts.graph_forwards(assignment.value)
+                )
+            ):
+                return True  # flows around the loop's back edge into the next call
+    return False
+
+
+def _derived_from_target(facts: Facts, loop: ast.For | ast.AsyncFor, call: ast.Call) -> set[str]:
+    """The loop's target names, and the names the loop body binds before `call` from values
+    built on them (`x = dataset[i].unsqueeze(0)`, `idx = order[i : i + size]`): what the
+    loop iterates, as it reaches the model."""
+    names = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
+    bindings = [
+        node
+        for node in ast.walk(loop)
+        if isinstance(node, ast.Assign)
+        and (node.lineno, node.col_offset) < (call.lineno, call.col_offset)
+        and facts.scope(node) is facts.scope(call)
+    ]
+    for _ in range(3):  # a chain of a few assignments is enough
+        grown = False
+        for node in bindings:
+            if not any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(node.value)):
+                continue
+            for target in node.targets:
+                for bound in ast.walk(target):
+                    if isinstance(bound, ast.Name) and bound.id not in names:
+                        names.add(bound.id)
+                        grown = True
+        if not grown:
+            break
+    return names
+
+
+def _on_training_path(facts: Facts, function: ast.AST, depth: int = 0) -> bool:
+    """Some call of `function` runs inside a training loop, or in a step function that
+    trains, directly or through its callers: an inference helper used while training."""
+    if depth > 3:
+        return True
+    for site in facts.call_sites(function):  # type: ignore[arg-type]
+        if any(loop in facts.training_loops for loop in facts.enclosing_loops(site)):
+            return True
+        caller = facts.enclosing_function(site)
+        if caller is None:
+            continue
+        loops_in_caller = any(facts.is_inside(loop, caller) for loop in facts.loops)
+        if not loops_in_caller and _function_trains(facts, caller):
+            return True  # a step function that backwards
+        if _on_training_path(facts, caller, depth + 1):
+            return True
+    return False
+
+
+def _model_calls_in_eval(facts: Facts) -> Iterator[tuple[ast.Call, ast.AST, str, frozenset]]:
+    seen: set[tuple[int, str]] = set()
+    analysis = modes_of(facts)
+    for call, modes in sorted(
+        analysis.at_call.items(), key=lambda i: (i[0].lineno, i[0].col_offset)
+    ):
+        context = evaluation_context(facts, call)
+        key = facts.key(call.func)
+        if context is None or key is None:
+            continue
+        if (id(context), key) in seen:
+            continue
+        seen.add((id(context), key))
+        yield call, context, key, modes
+
+
+def _helper_forwards_in_evaluation(
+    facts: Facts,
+) -> Iterator[tuple[ast.Call, ast.AST, FunctionNode, ast.Call, str, frozenset]]:
+    """(site, loop, helper, forward, key, modes): an evaluation loop runs a model through an
+    in-file helper shared with training (`output, loss = self._forward_pass(x, y)`, whose
+    body calls `self.model(x)`), with the modes the model is in when that site calls it. The
+    helper itself switches no mode and trains nothing, and its forward sits in no loop of
+    its own (a helper looping over a loader is judged as an evaluation loop by itself)."""
+    analysis = modes_of(facts)
+    seen: set[tuple[int, str]] = set()
+    for site, entry in sorted(analysis.site_entry.items(), key=lambda i: i[0].lineno):
+        if not entry:
+            continue
+        function = facts.called_function(site)
+        if function is None or facts.function_reaches(function, _is_mode_call):
+            continue
+        context = evaluation_context(facts, site)
+        if context is None or _function_trains(facts, function):
+            continue
+        for call in facts.calls_in(function):
+            modes = analysis.at_call.get(call)
+            key = facts.key(call.func)
+            if modes is None or key is None or key not in entry:
+                continue
+            if any(facts.is_inside(loop, function) for loop in facts.enclosing_loops(call)):
+                continue
+            if (id(context), key) in seen:
+                continue
+            seen.add((id(context), key))
+            yield site, context, function, call, key, entry[key]
+
+
+def _evaluating_calls(
+    facts: Facts,
+) -> Iterator[tuple[ast.Call, FunctionNode, str, ast.expr, dict[str, frozenset]]]:
+    """(site, helper, parameter, argument, entry modes) for each call that runs a helper's
+    loop as evaluation by a constant argument (`run_epoch(..., train=False)`), in line
+    order: what TL201 and TL202 ask of a loop shared by training and evaluation."""
+    analysis = modes_of(facts)
+    for site, entry in sorted(analysis.evaluating_entry.items(), key=lambda i: i[0].lineno):
+        function = facts.called_function(site)
+        if function is None:
+            continue
+        found = next((f for f in facts.evaluating_sites(function) if f[0] is site), None)
+        if found is not None:
+            yield site, function, found[1], found[2], entry
+
+
+def _switched_to_eval_by_flag(
+    facts: Facts, function: FunctionNode, key: str, param: str, argument: ast.expr
+) -> bool:
+    """The helper itself puts `key` in eval mode under a test of `param` that the site's
+    constant `argument` passes (`if is_train: net.train() else: net.eval()`)."""
+    if not isinstance(argument, ast.Constant):
+        return False
+    for call in facts.calls_in(function):
+        method = facts.method_name(call)
+        evaluates = (method == "eval" and not call.args) or (
+            method == "train"
+            and len(call.args) == 1
+            and isinstance(call.args[0], ast.Constant)
+            and call.args[0].value is False
+        )
+        if not evaluates or facts.key(facts.receiver(call)) != key:
+            continue
+        child: ast.AST = call
+        current = facts.parents.get(call)
+        while current is not None and current is not function:
+            if isinstance(current, ast.If):
+                guard = guard_of(facts, function, current.test, child in current.body)
+                if guard is not None and guard[0] == param:
+                    if guard_holds(guard, argument.value):
+                        return True
+                    break
+            child, current = current, facts.parents.get(current)
+    return False

@@ -1,0 +1,380 @@
+"""TL206 graph-kept-alive: a loss still attached to its autograd graph (or a container or helper
+result holding one) is accumulated across the iterations of a step or batch loop, keeping every
+iteration's graph alive.
+
+In: `Facts`; the dict displays of loss parts are read by `_modes_loss_dicts.py`. Out: `Hit`s at
+the accumulating statement, with a fix appending `.item()` where that is enough.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from torchls.analysis.facts import Facts
+from torchls.analysis.findings import Fix
+from torchls.analysis.queries.tensors import detached_value
+from torchls.analysis.registry import Hit, rule
+from torchls.analysis.rules._edits import insert_at
+from torchls.analysis.rules._modes_loss_dicts import _dict_parts, _fixed_key
+
+TENSOR_USES = {"item", "detach", "cpu", "numpy", "backward", "to", "cuda", "tolist", "clone"}
+
+
+def _returns_graph(facts: Facts, value: ast.AST, project_calls: set[ast.Call]) -> bool:
+    """`value` calls a project function whose summary says it hands back a loss it
+    backward()-ed, still attached to the graph (`train_step` returning `loss`)."""
+    if not isinstance(value, ast.Call) or value not in project_calls:
+        return False
+    asked = facts.call_summary(value)
+    return asked is not None and asked[0].returns_graph
+
+
+def _loss_names(
+    facts: Facts, scope: ast.AST, project_calls: set[ast.Call]
+) -> tuple[set[str], dict[str, list[ast.Subscript]]]:
+    """Names in `scope` that hold a loss tensor (assigned from a loss call or from a helper
+    returning its graph-attached loss, or backward()-ed), and names of containers shown to
+    hold one because an item of theirs is backward()-ed (`output["loss"].backward()`), with
+    those backward()-ed items."""
+    names: set[str] = set()
+    containers: dict[str, list[ast.Subscript]] = {}
+    loss_call_nodes = facts.loss_call_nodes
+    for node in facts.calls_in(scope):
+        if facts.method_name(node) == "backward" and not node.args:
+            receiver = facts.receiver(node)
+            if isinstance(receiver, ast.Name):
+                names.add(receiver.id)
+            elif isinstance(receiver, ast.Subscript) and isinstance(receiver.value, ast.Name):
+                containers.setdefault(receiver.value.id, []).append(receiver)
+    # The scope's binding table already lists every `name = value` it holds.
+    for name, bindings in facts.assignments.get(scope, {}).items():
+        for binding in bindings:
+            node = binding.stmt
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+                and (
+                    node.value in loss_call_nodes
+                    or _returns_graph(facts, node.value, project_calls)
+                )
+            ):
+                names.add(name)
+    return names, {k: v for k, v in containers.items() if k not in names}
+
+
+def _accumulation(stmt: ast.stmt) -> tuple[str, ast.expr, str] | None:
+    """(accumulator, value, how) for `acc.append(v)`, `acc += v`, `acc[k] = v`, `acc[k] += v`
+    (an assignment to a constant key replaces the value it held: no accumulation)."""
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+        call = stmt.value
+        func = call.func
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr == "append"
+            and isinstance(func.value, ast.Name)
+            and len(call.args) == 1
+        ):
+            return func.value.id, call.args[0], "append"
+    if isinstance(stmt, ast.AugAssign) and isinstance(stmt.op, ast.Add):
+        if isinstance(stmt.target, ast.Name):
+            return stmt.target.id, stmt.value, "+="
+        if isinstance(stmt.target, ast.Subscript) and isinstance(stmt.target.value, ast.Name):
+            return stmt.target.value.id, stmt.value, "[]+="
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+        target = stmt.targets[0]
+        if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
+            if isinstance(target.slice, ast.Constant):
+                return None  # `latest["d"] = d_loss`: one slot, overwritten every step
+            return target.value.id, stmt.value, "[]="
+    return None
+
+
+def _rebound_detached(facts: Facts, use: ast.Name, assignment: object) -> bool:
+    """The binding of `use` that reaches it is a plain rebinding to a detached value
+    (`loss = loss.detach().cpu()`, `loss = loss.item()`) in a block that encloses the use,
+    so every path to the use goes through it."""
+    if assignment is None:
+        return False
+    stmt = assignment.stmt  # type: ignore[attr-defined]
+    value = assignment.value  # type: ignore[attr-defined]
+    if not isinstance(stmt, ast.Assign) or assignment.index is not None or value is None:  # type: ignore[attr-defined]
+        return False
+    block = facts.parents.get(stmt)
+    if block is None or not facts.is_inside(use, block):
+        return False
+    return detached_value(value)
+
+
+def _live_container(
+    facts: Facts, value: ast.Name, containers: dict[str, list[ast.Subscript]]
+) -> bool:
+    """`value` still holds the binding whose item was backward()-ed, and that item was not
+    replaced by a detached value in between (`output["loss"] = output["loss"].detach()`,
+    the packnet-sfm fix)."""
+    binding = facts.reaching_assignment(value)
+    for item in containers.get(value.id, ()):
+        if not isinstance(item.value, ast.Name):
+            continue
+        if facts.reaching_assignment(item.value) is not binding:
+            continue  # the name was rebound (say, to a detached copy) since the backward()
+        key = ast.dump(item.slice)
+        replaced = any(
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Subscript)
+            and isinstance(node.targets[0].value, ast.Name)
+            and node.targets[0].value.id == value.id
+            and ast.dump(node.targets[0].slice) == key
+            and detached_value(node.value)
+            and item.lineno <= node.lineno <= value.lineno
+            for node in facts.walk_local(facts.scope(value))
+        )
+        if not replaced:
+            return True
+    return False
+
+
+def _holds_graph(
+    facts: Facts,
+    value: ast.expr,
+    loss_names: set[str],
+    containers: dict[str, list[ast.Subscript]],
+    project_calls: set[ast.Call],
+) -> ast.expr | None:
+    """What in `value` keeps a graph alive: the loss name (possibly scaled), a container name
+    holding one, a call of a helper returning one, or such an element of a dict, tuple or
+    list display (`{"loss": loss}`, `(step, loss)`); None for Python numbers and detached
+    values."""
+    parts = _dict_parts(facts, value)
+    if parts and any(
+        not isinstance(part, (ast.Dict, ast.Tuple, ast.List, ast.Subscript))
+        and _holds_graph(facts, part, loss_names, containers, project_calls) is not None
+        for part in parts
+    ):
+        return value  # an item of a dict of loss parts: `parts["box"]`, `for k, v in parts.items()`
+    if isinstance(value, ast.Name):
+        if value.id in loss_names or _live_container(facts, value, containers):
+            return value
+        return None
+    if isinstance(value, ast.BinOp) and isinstance(value.op, (ast.Mult, ast.Div)):
+        for side in (value.left, value.right):
+            if isinstance(side, ast.Name) and side.id in loss_names:
+                return side
+            if isinstance(side, (ast.Name, ast.Subscript)) and _dict_parts(facts, side):
+                held = _holds_graph(facts, side, loss_names, containers, project_calls)
+                if held is not None:
+                    return held
+    if _returns_graph(facts, value, project_calls):
+        return value
+    elements: list[ast.expr] = []
+    if isinstance(value, ast.Dict):
+        elements = [v for v in value.values if v is not None]
+    elif isinstance(value, (ast.Tuple, ast.List)):
+        elements = list(value.elts)
+    for element in elements:
+        # One level down only: a display's element is a name, a scaled name or a call here.
+        if isinstance(element, (ast.Dict, ast.Tuple, ast.List)):
+            continue
+        held = _holds_graph(facts, element, loss_names, containers, project_calls)
+        if held is not None:
+            return held
+    return None
+
+
+def _feeds_backward(facts: Facts, scope: ast.AST, accumulator: str) -> bool:
+    """True if the accumulator is (part of) something that gets backward()-ed: through
+    assignments (`loss = losses[i]`), loops over it (`for opt, loss in zip(opts, losses)`)
+    and `accelerator.backward(loss)`-style calls that take it as an argument."""
+    derived = {accumulator}
+
+    def mentions(expr: ast.AST) -> bool:
+        return any(isinstance(n, ast.Name) and n.id in derived for n in ast.walk(expr))
+
+    for node in facts.walk_local(scope):
+        if isinstance(node, ast.Assign) and mentions(node.value):
+            for target in node.targets:
+                derived.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.For, ast.AsyncFor)) and mentions(node.iter):
+            derived.update(n.id for n in ast.walk(node.target) if isinstance(n, ast.Name))
+    for node in facts.walk_local(scope):
+        if isinstance(node, ast.Call) and facts.is_backward(node):
+            subjects = [facts.receiver(node), *node.args]
+            if any(subject is not None and mentions(subject) for subject in subjects):
+                return True
+    return False
+
+
+def _over_a_built_loader(facts: Facts, loop: ast.AST) -> bool:
+    """`for batch in loader:` where the loader's construction is in sight (a name that only
+    sounds like one, `minibatches`, may be a handful of per-domain batches of one step)."""
+    if not isinstance(loop, (ast.For, ast.AsyncFor)):
+        return False
+    iterable = facts.loop_source(loop)
+    kind = facts.kind_of(iterable) if iterable is not None else None
+    return kind is not None and kind.kind == "loader" and not kind.by_name
+
+
+def _outlives_a_step(facts: Facts, loops: list, assignments: list) -> bool:
+    """Some loop around the accumulation trains or iterates data once per iteration (a
+    step or batch loop) and the accumulator is created outside it, so it lives across steps.
+    A list rebuilt every batch, or a loop over layers or classifiers, keeps nothing alive."""
+    for loop in loops:
+        steps = facts.node_reaches(loop, facts.is_backward) or any(
+            facts.backwards_in_other_file(call) for call in facts.calls_in(loop)
+        )
+        if not steps and not _over_a_built_loader(facts, loop):
+            continue
+        if not any(facts.is_inside(a.stmt, loop) for a in assignments):
+            return True
+    return False
+
+
+def _used_as_tensor_later(facts: Facts, scope: ast.AST, accumulator: str, after: int) -> bool:
+    for node in facts.walk_local(scope):
+        if getattr(node, "lineno", 0) <= after:
+            continue
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == accumulator
+            and node.attr in TENSOR_USES
+        ):
+            return True
+        if isinstance(node, ast.Call) and (facts.call_qualname(node) or "").startswith("torch."):
+            if any(isinstance(a, ast.Name) and a.id == accumulator for a in node.args):
+                return True
+    return False
+
+
+@rule(
+    "TL206",
+    "graph-kept-alive",
+    "W",
+    "Loss tensor accumulated across iterations keeps every graph alive",
+    fix="safe",
+)
+def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
+    """
+    ## What it catches
+    A loss (a tensor attached to the autograd graph) accumulated across loop iterations:
+    `losses.append(loss)`, `total += loss`, `history[step] = loss`, `totals["ce"] += ce`,
+    without `.item()`, `.detach()` or `float(...)`; also through containers: a dict or tuple
+    holding the loss appended to a list (`history.append({"loss": loss})`), a step's output
+    dict whose `output["loss"]` is backward()-ed kept in a list, the loss a project helper
+    (`train_step`, in this file or another) returns after backward()-ing it, and the items
+    of a dict of loss parts (`for name, part in parts.items(): totals[name] += part`).
+
+    ## Why it is wrong
+    Each stored loss keeps its whole computation graph, activations included, alive. Memory
+    grows every iteration until the run dies with an out-of-memory error hours in. Summing
+    losses that are backward()-ed together afterwards is intended and is not reported, nor is
+    a slot under a constant key (`latest["d"] = d_loss`, or `latest[name] = part` over a dict's
+    keys) that every step overwrites, nor a loss name rebound to a detached copy before it
+    is stored (`loss = loss.detach().cpu()`).
+
+    ## Example
+    ```python
+    total = 0
+    for x, y in loader:
+        loss = criterion(model(x), y)
+        loss.backward()
+        total += loss             # TL206
+    ```
+
+    ## Fix
+    Store a Python number: `total += loss.item()` (or `loss.detach()` to keep a tensor). The
+    fix adds `.item()`; it is offered as unsafe when the accumulator is later used as a tensor.
+    """
+    scopes = [facts.tree, *facts.functions.values()]
+    scopes += [m for c in facts.classes.values() for m in c.methods.values()]
+    project_calls = set(facts.project_calls)
+    # Only scopes that hold a backward(), a loss call or a project call can hold a loss: the
+    # others are not walked at all (most functions of a file are neither).
+    lossy = {
+        facts.scope(call)
+        for call in facts.calls
+        if call in project_calls
+        or call in facts.loss_call_nodes
+        or (facts.method_name(call) == "backward" and not call.args)
+    }
+    for scope in scopes:
+        if scope not in lossy:
+            continue
+        loss_names, containers = _loss_names(facts, scope, project_calls)
+        if not loss_names and not containers:
+            continue
+        for node in facts.walk_local(scope):
+            if not isinstance(node, ast.stmt):
+                continue
+            found = _accumulation(node)
+            if found is None:
+                continue
+            accumulator, value, how = found
+            if how == "[]=" and _fixed_key(facts, node.targets[0].slice):  # type: ignore[attr-defined]
+                continue
+            loss = _holds_graph(facts, value, loss_names, containers, project_calls)
+            loops = facts.enclosing_loops(node)
+            if loss is None or not loops or facts.in_no_grad(node):
+                continue
+            assignments = facts.assignments_of(accumulator, scope)  # type: ignore[arg-type]
+            if not assignments or not _outlives_a_step(facts, loops, assignments):
+                continue
+            if how == "+=" and accumulator in loss_names:
+                continue
+            if _feeds_backward(facts, scope, accumulator):
+                continue
+            if isinstance(loss, ast.Name):
+                loss_assignment = facts.reaching_assignment(loss)
+                if loss_assignment is not None and facts.in_no_grad(loss_assignment.stmt):
+                    continue
+                if _rebound_detached(facts, loss, loss_assignment):
+                    continue  # `loss = loss.detach().cpu()` before `total += loss`
+            if isinstance(loss, ast.Call):
+                label = f"{facts.source.segment(loss.func)}(...)"
+            elif isinstance(loss, ast.Name):
+                label = loss.id
+            else:
+                label = facts.source.segment(loss)
+            if isinstance(loss, ast.Name) and loss.id in containers:
+                # A container (a step's output dict): `.item()` on it is no fix.
+                yield Hit(
+                    node,
+                    f"`{label}` holds a loss still attached to its autograd graph and is kept "
+                    f"in `{accumulator}`; store `.item()` or `.detach()` values instead",
+                    None,
+                )
+                continue
+            fix = None
+            from_parts = not isinstance(loss, ast.Call) and not (
+                isinstance(loss, ast.Name) and loss.id in loss_names
+            )
+            if how in ("append", "+=") and value is loss and not from_parts:
+                applicability = (
+                    "unsafe"
+                    if _used_as_tensor_later(facts, scope, accumulator, node.lineno)
+                    else "safe"
+                )
+                fix = Fix(
+                    applicability,  # type: ignore[arg-type]
+                    f"Accumulate `{label}.item()`",
+                    (
+                        insert_at(
+                            loss.end_lineno,
+                            facts.source.column(loss.end_lineno, loss.end_col_offset),
+                            ".item()",
+                        ),
+                    ),  # type: ignore[arg-type]
+                )
+            if isinstance(loss, ast.Call):
+                message = (
+                    f"`{label}` returns a loss still attached to its autograd graph and it is "
+                    f"accumulated into `{accumulator}`; use `.item()` or `.detach()` on it"
+                )
+            else:
+                message = (
+                    f"`{label}` is accumulated into `{accumulator}` with its autograd graph; "
+                    f"use `{label}.item()` or `{label}.detach()`"
+                )
+            yield Hit(node, message, fix)
