@@ -3,52 +3,27 @@
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from torchls.analysis.facts import Facts
 from torchls.analysis.findings import Fix
 from torchls.analysis.queries.vocabulary import argument_at
 from torchls.analysis.registry import Hit, rule
+from torchls.analysis.rules._checkpoints import LOAD, SAVE, _dict_values, _keyword
+from torchls.analysis.rules._checkpoints_numpy import _numpy_value
+from torchls.analysis.rules._checkpoints_partial import (
+    _next_statement,
+    _prepared_or_acknowledged,
+    _split_load,
+)
 from torchls.analysis.rules._edits import insert_at, replace_node
-
-SAVE = ("torch.save",)
-LOAD = ("torch.load",)
-
-
-def _keyword(call: ast.Call, name: str) -> ast.keyword | None:
-    return next((k for k in call.keywords if k.arg == name), None)
 
 
 def _has_star_kwargs(call: ast.Call) -> bool:
     return any(k.arg is None for k in call.keywords) or any(
         isinstance(a, ast.Starred) for a in call.args
     )
-
-
-def _dict_values(facts: Facts, expr: ast.expr) -> list[ast.expr]:
-    """Values stored in the checkpoint dict: a dict literal / `dict(...)`, directly or through a
-    local name, plus later `ckpt["key"] = value` assignments to that name."""
-    values: list[ast.expr] = []
-    literal = facts.binding_value(expr) if isinstance(expr, ast.Name) else expr
-    if isinstance(literal, ast.Dict):
-        values.extend(v for v in literal.values if v is not None)
-    elif isinstance(literal, ast.Call) and isinstance(literal.func, ast.Name):
-        if literal.func.id == "dict":
-            values.extend(k.value for k in literal.keywords)
-    if isinstance(expr, ast.Name):
-        scope = facts.scope(expr)
-        for node in facts.walk_local(scope):
-            if (
-                isinstance(node, ast.Assign)
-                and len(node.targets) == 1
-                and isinstance(node.targets[0], ast.Subscript)
-                and isinstance(node.targets[0].value, ast.Name)
-                and node.targets[0].value.id == expr.id
-                and node.lineno < expr.lineno
-            ):
-                values.append(node.value)
-    return values
 
 
 def _config_object(facts: Facts, value: ast.expr, depth: int = 0) -> tuple[str, str] | None:
@@ -143,144 +118,6 @@ def _stateful_object(facts: Facts, value: ast.expr, depth: int = 0) -> str | Non
             and facts.reaching_assignment(receiver) is binding
         ):
             return f"an object whose `.{facts.method_name(call)}()` this code calls, not plain data"
-    return None
-
-
-# NumPy functions whose result is a NumPy scalar or array (never a Python number): saved in a
-# checkpoint, it needs numpy's own classes to unpickle, which weights_only loading refuses.
-_NUMPY_PRODUCERS = frozenset(
-    {
-        "mean",
-        "nanmean",
-        "average",
-        "median",
-        "nanmedian",
-        "sum",
-        "nansum",
-        "prod",
-        "std",
-        "nanstd",
-        "var",
-        "nanvar",
-        "max",
-        "min",
-        "nanmax",
-        "nanmin",
-        "amax",
-        "amin",
-        "argmax",
-        "argmin",
-        "percentile",
-        "quantile",
-        "array",
-        "asarray",
-        "zeros",
-        "ones",
-        "full",
-        "arange",
-        "linspace",
-        "concatenate",
-        "stack",
-        "vstack",
-        "hstack",
-        "float64",
-        "float32",
-        "int64",
-        "int32",
-        "sqrt",
-        "exp",
-        "log",
-        "round",
-        "around",
-        "dot",
-        "trace",
-        "cumsum",
-    }
-)
-# Methods of a NumPy array that still return NumPy values.
-_ARRAY_REDUCTIONS = frozenset(
-    {
-        "mean",
-        "sum",
-        "max",
-        "min",
-        "std",
-        "var",
-        "prod",
-        "argmax",
-        "argmin",
-        "round",
-        "copy",
-        "astype",
-        "reshape",
-        "flatten",
-    }
-)
-
-
-def _numpy_value(facts: Facts, value: ast.expr, depth: int = 0) -> ast.Call | None:
-    """The NumPy call `value` comes from, when every place it may come from is one
-    (`best = np.mean(scores)`, `acc = evaluate()` whose every return is one, `max(acc, best)`
-    of such values and numeric constants) and at least one is: a NumPy scalar or array, not
-    a Python number. `float(x)`, `x.item()` and `x.tolist()` are Python values and stop it."""
-    if depth > 3:
-        return None
-    origins = facts.origins(value)
-    if not origins or any(o.facts is not None for o in origins):
-        return None
-    return _numpy_among(facts, [o.node for o in origins], depth, _numpy_call)
-
-
-def _numpy_among(
-    facts: Facts,
-    nodes: list[ast.AST],
-    depth: int,
-    judge: Callable[[Facts, ast.expr, int], ast.Call | None],
-) -> ast.Call | None:
-    """The first NumPy call `judge` finds among `nodes` when every node is one or a numeric
-    constant (the initial `best = 0` a NumPy value replaces); None otherwise."""
-    found: ast.Call | None = None
-    for node in nodes:
-        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
-            continue
-        produced = judge(facts, node, depth) if isinstance(node, ast.expr) else None
-        if produced is None:
-            return None
-        found = found or produced
-    return found
-
-
-def _numpy_of_expression(facts: Facts, node: ast.expr, depth: int) -> ast.Call | None:
-    """What `_numpy_value` says of an argument or a returned expression, one level deeper."""
-    return _numpy_value(facts, node, depth + 1)
-
-
-def _numpy_call(facts: Facts, call: ast.expr, depth: int) -> ast.Call | None:
-    if not isinstance(call, ast.Call):
-        return None
-    qualname = facts.call_qualname(call) or ""
-    head, _, last = qualname.rpartition(".")
-    if head == "numpy" and last in _NUMPY_PRODUCERS:
-        return call
-    method = facts.method_name(call)
-    receiver = facts.receiver(call)
-    if method in _ARRAY_REDUCTIONS and receiver is not None and isinstance(receiver, ast.expr):
-        return _numpy_value(facts, receiver, depth + 1)  # `np.array(losses).mean()`
-    if isinstance(call.func, ast.Name) and call.func.id in ("max", "min"):
-        if call.func.id in facts.functions or call.func.id in facts.imports:
-            return None
-        arguments = [a for a in call.args if not isinstance(a, ast.Starred)]
-        if len(arguments) < 2 or len(arguments) != len(call.args) or call.keywords:
-            return None  # `max(values)` of an iterable: its elements are out of sight
-        return _numpy_among(facts, arguments, depth, _numpy_of_expression)
-    function = facts.called_function(call)
-    if function is not None and facts.scope(function) is facts.tree:
-        returned = [
-            r.value
-            for r in facts.walk_local(function)
-            if isinstance(r, ast.Return) and r.value is not None
-        ]
-        return _numpy_among(facts, returned, depth, _numpy_of_expression)
     return None
 
 
@@ -747,127 +584,6 @@ def load_weights_only_false(facts: Facts) -> Iterator[Hit]:
             )
 
 
-ACKNOWLEDGING_WORDS = ("strict", "missing", "partial", "mismatch", "omit", "not saved", "head")
-
-
-def _literal_keys(value: ast.AST) -> bool:
-    """A dict written out with constant string keys (`{"scale": s}`, `dict(scale=s)`): the
-    code names every entry it sets, so the keys it leaves out are left out on purpose."""
-    if isinstance(value, ast.Dict):
-        return bool(value.keys) and all(
-            isinstance(k, ast.Constant) and isinstance(k.value, str) for k in value.keys
-        )
-    return (
-        isinstance(value, ast.Call)
-        and isinstance(value.func, ast.Name)
-        and value.func.id == "dict"
-        and not value.args
-        and bool(value.keywords)
-        and all(k.arg is not None for k in value.keywords)
-    )
-
-
-def _entries_added(facts: Facts, function: ast.AST, name: str) -> bool:
-    """Some `name[key] = value` in `function` adds to the dict (a converter filling in keys
-    it computes: one that misses a key is what strict=False would hide)."""
-    return any(
-        isinstance(node, ast.Assign)
-        and any(
-            isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and t.value.id == name
-            for t in node.targets
-        )
-        for node in facts.walk_local(function)
-    )
-
-
-def _prepared_or_acknowledged(
-    facts: Facts, call: ast.Call, statement: ast.stmt, state: ast.AST
-) -> bool:
-    """Non-strict loads whose mismatch is known and intended: keys dropped from the dict by
-    name first (`sd.pop("fc.weight")`, `del sd[key]`), weights copied from a live module
-    (`teacher.load_state_dict(student.state_dict(), strict=False)`), one shard per loop
-    iteration, an assert on the result right after in a test, or a comment on the call
-    (or just above it) that explains the mismatch."""
-    function = facts.enclosing_function(call) or facts.tree
-    name = state.id if isinstance(state, ast.Name) else None
-    if name is not None:
-        for node in facts.walk_local(function):
-            if getattr(node, "lineno", call.lineno) >= call.lineno:
-                continue
-            # Only removals of keys named in the code: the head being replaced is then all
-            # that is missing (a shape-driven `del sd[k]` may hide any other mismatch).
-            if (
-                isinstance(node, ast.Call)
-                and facts.method_name(node) == "pop"
-                and isinstance(facts.receiver(node), ast.Name)
-                and facts.receiver(node).id == name  # type: ignore[union-attr]
-                and node.args
-                and isinstance(node.args[0], ast.Constant)
-            ):
-                return True
-            if isinstance(node, ast.Delete) and any(
-                isinstance(t, ast.Subscript)
-                and isinstance(t.value, ast.Name)
-                and t.value.id == name
-                and isinstance(t.slice, ast.Constant)
-                for t in node.targets
-            ):
-                return True
-    values = [state]
-    if name is not None:
-        assignment = facts.reaching_assignment(state)  # type: ignore[arg-type]
-        if assignment is not None and assignment.value is not None:
-            values.append(assignment.value)
-            loops = facts.enclosing_loops(call)
-            if loops and facts.is_inside(assignment.stmt, loops[0]):
-                return True  # a shard read and loaded per iteration: partial by definition
-    for value in values:
-        if isinstance(value, ast.Call) and facts.method_name(value) == "state_dict":
-            return True  # a live module's own weights
-        if _literal_keys(value) and not (name and _entries_added(facts, function, name)):
-            return True  # `{"log_alpha": tensor}`: the keys set are named right here
-    following = _next_statement(facts, statement)
-    if isinstance(following, ast.Assert) and function is not facts.tree:
-        return True
-    first = max(call.lineno - 2, 1)
-    for row in range(first, (call.end_lineno or call.lineno) + 1):
-        line = facts.source.lines[row - 1]
-        if "#" in line and any(w in line.split("#", 1)[1].lower() for w in ACKNOWLEDGING_WORDS):
-            return True
-    return False
-
-
-def _next_statement(facts: Facts, statement: ast.stmt) -> ast.stmt | None:
-    block = facts.block_of(statement) or []
-    index = next((i for i, item in enumerate(block) if item is statement), len(block))
-    return block[index + 1] if index + 1 < len(block) else None
-
-
-def _split_load(facts: Facts, call: ast.Call, statement: ast.stmt) -> bool:
-    """Two partial loads into the same module one after the other (base weights, then the
-    adapter's): each one misses the other's keys by design."""
-    receiver = facts.key(facts.receiver(call))
-    block = facts.block_of(statement)
-    if receiver is None or block is None:
-        return False
-    index = next(i for i, item in enumerate(block) if item is statement)
-    for neighbour in block[max(index - 1, 0) : index + 2]:
-        if neighbour is statement or not isinstance(neighbour, ast.Expr):
-            continue
-        other = neighbour.value
-        if (
-            isinstance(other, ast.Call)
-            and facts.method_name(other) == "load_state_dict"
-            and facts.key(facts.receiver(other)) == receiver
-            and any(
-                k.arg == "strict" and isinstance(k.value, ast.Constant) and k.value.value is False
-                for k in other.keywords
-            )
-        ):
-            return True
-    return False
-
-
 def _is_test_file(filename: str) -> bool:
     """A pytest module (`test_*.py`, `*_test.py`): it loads what it produced itself."""
     path = Path(filename)
@@ -1198,60 +914,6 @@ def checkpoint_missing_training_state(facts: Facts) -> Iterator[Hit]:
             call,
             f"checkpoint saves the model but not the {', '.join(missing)} state: a resumed run "
             "restarts from fresh optimizer statistics and schedule",
-        )
-
-
-@rule(
-    "TL305",
-    "saving-whole-module",
-    "I",
-    "torch.save(model) pickles the class instead of saving the weights",
-    fix="unsafe",
-)
-def saving_whole_module(facts: Facts) -> Iterator[Hit]:
-    """
-    ## What it catches
-    `torch.save(model, path)` where `model` is an `nn.Module`: built from a module class in
-    sight, or a parameter annotated as one; also the network a parallel wrapper holds
-    (`torch.save(net.module, path)`). A name alone (`model_state = model.state_dict()`)
-    decides nothing.
-
-    ## Why it is wrong
-    Pickling the module stores a reference to its class and module path, not just tensors.
-    The file breaks when the code is refactored or moved, cannot be loaded with
-    `weights_only=True` (the default since PyTorch 2.6), and drags along anything the model
-    references.
-
-    ## Example
-    ```python
-    torch.save(model, "model.pt")              # TL305
-    ```
-
-    ## Fix
-    `torch.save(model.state_dict(), "model.pt")` and rebuild the model before
-    `load_state_dict`. Offered as an unsafe fix: the loading side must change too.
-    """
-    for call in facts.calls_to(*SAVE):
-        if not call.args or not isinstance(call.args[0], (ast.Name, ast.Attribute)):
-            continue
-        target = call.args[0]
-        kind = facts.kind_of(target)
-        if (kind is None or kind.by_name) and (
-            isinstance(target, ast.Attribute) and target.attr == "module"
-        ):
-            kind = facts.kind_of(target.value)  # `net.module` of a DataParallel-wrapped net
-        if kind is None or kind.kind != "model" or kind.by_name:
-            continue  # a name like `model_state` says nothing about what is saved
-        text = facts.source.segment(target)
-        yield Hit(
-            target,
-            f"`torch.save({text}, ...)` pickles the whole module (class and import path); save "
-            f"`{text}.state_dict()` instead",
-            Fix(
-                "unsafe",
-                f"Save `{text}.state_dict()`",
-                (replace_node(facts, target, f"{text}.state_dict()"),),
-            ),
         )
 
 

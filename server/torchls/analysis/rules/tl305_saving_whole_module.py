@@ -1,0 +1,71 @@
+"""TL305 saving-whole-module: `torch.save(model, path)` pickles an `nn.Module`
+instead of its weights.
+
+Only a value known to be a module counts (not a name alone). In: the file's `Facts`.
+Out: `Hit`s with an unsafe fix saving `model.state_dict()`.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from torchls.analysis.facts import Facts
+from torchls.analysis.findings import Fix
+from torchls.analysis.registry import Hit, rule
+from torchls.analysis.rules._checkpoints import SAVE
+from torchls.analysis.rules._edits import replace_node
+
+
+@rule(
+    "TL305",
+    "saving-whole-module",
+    "I",
+    "torch.save(model) pickles the class instead of saving the weights",
+    fix="unsafe",
+)
+def saving_whole_module(facts: Facts) -> Iterator[Hit]:
+    """
+    ## What it catches
+    `torch.save(model, path)` where `model` is an `nn.Module`: built from a module class in
+    sight, or a parameter annotated as one; also the network a parallel wrapper holds
+    (`torch.save(net.module, path)`). A name alone (`model_state = model.state_dict()`)
+    decides nothing.
+
+    ## Why it is wrong
+    Pickling the module stores a reference to its class and module path, not just tensors.
+    The file breaks when the code is refactored or moved, cannot be loaded with
+    `weights_only=True` (the default since PyTorch 2.6), and drags along anything the model
+    references.
+
+    ## Example
+    ```python
+    torch.save(model, "model.pt")              # TL305
+    ```
+
+    ## Fix
+    `torch.save(model.state_dict(), "model.pt")` and rebuild the model before
+    `load_state_dict`. Offered as an unsafe fix: the loading side must change too.
+    """
+    for call in facts.calls_to(*SAVE):
+        if not call.args or not isinstance(call.args[0], (ast.Name, ast.Attribute)):
+            continue
+        target = call.args[0]
+        kind = facts.kind_of(target)
+        if (kind is None or kind.by_name) and (
+            isinstance(target, ast.Attribute) and target.attr == "module"
+        ):
+            kind = facts.kind_of(target.value)  # `net.module` of a DataParallel-wrapped net
+        if kind is None or kind.kind != "model" or kind.by_name:
+            continue  # a name like `model_state` says nothing about what is saved
+        text = facts.source.segment(target)
+        yield Hit(
+            target,
+            f"`torch.save({text}, ...)` pickles the whole module (class and import path); save "
+            f"`{text}.state_dict()` instead",
+            Fix(
+                "unsafe",
+                f"Save `{text}.state_dict()`",
+                (replace_node(facts, target, f"{text}.state_dict()"),),
+            ),
+        )
