@@ -1,0 +1,160 @@
+"""TL404 `clip-scaled-gradients`: the rule module.
+
+Checks that gradients are not clipped between a scaled backward and `scaler.step(...)` while
+still multiplied by the loss scale (no `scaler.unscale_()` first). In: the file's `Facts`.
+Out: hits, with a safe fix inserting the `unscale_` call before the clip.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from torchls.analysis.facts import Facts
+from torchls.analysis.findings import Fix
+from torchls.analysis.registry import Hit, rule
+from torchls.analysis.rules._edits import insert_line_before
+from torchls.analysis.rules._optimization import (
+    CLIP_FUNCTIONS,
+    _lowest_common_ancestor,
+    _path_unconditional,
+    _statement_of_call,
+    block_of,
+    clips_nothing,
+    index_in,
+    is_scaler_call,
+    owns_lines,
+    position,
+)
+
+
+def _scaled_backward(facts: Facts, call: ast.Call) -> bool:
+    """`scaler.scale(loss).backward()`."""
+    if facts.method_name(call) != "backward":
+        return False
+    inner = facts.receiver(call)
+    return isinstance(inner, ast.Call) and is_scaler_call(facts, inner, "scale")
+
+
+def _scaler_disabled(facts: Facts, scaler: ast.expr | None) -> bool:
+    kind = facts.kind_of(scaler)
+    constructor = kind.node if kind is not None else None
+    if not isinstance(constructor, ast.Call):
+        return False
+    enabled = next((k.value for k in constructor.keywords if k.arg == "enabled"), None)
+    return isinstance(enabled, ast.Constant) and enabled.value is False
+
+
+@rule(
+    "TL404",
+    "clip-scaled-gradients",
+    "E",
+    "Gradient clipping on GradScaler-scaled gradients without unscale_()",
+    fix="safe",
+)
+def clip_scaled_gradients(facts: Facts) -> Iterator[Hit]:
+    """
+    ## What it catches
+    `clip_grad_norm_` / `clip_grad_value_` called between `scaler.scale(loss).backward()` and
+    `scaler.step(optimizer)` with no `scaler.unscale_(optimizer)` before the clip.
+
+    ## Why it is wrong
+    After a scaled backward the gradients are multiplied by the loss scale (65536 at the
+    start). Clipping them to `max_norm=1.0` compares the threshold with a norm thousands of
+    times too large, so every step is clipped far too hard (and `clip_grad_value_` clips at a
+    meaningless value); `scaler.step` then divides the already-clipped gradients by the scale
+    again. Training crawls or diverges depending on the scale.
+
+    ## Example
+    ```python
+    scaler.scale(loss).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)   # TL404: still scaled
+    scaler.step(optimizer)
+    scaler.update()
+    ```
+
+    ## Fix
+    Call `scaler.unscale_(optimizer)` right before clipping; `scaler.step` knows the gradients
+    are already unscaled. The fix inserts it.
+    """
+    for clip in facts.calls_to(*CLIP_FUNCTIONS):
+        if clips_nothing(facts, clip):
+            continue
+        scope = facts.enclosing_function(clip) or facts.tree
+        calls = facts.calls_in(scope)
+        here = position(clip)
+        backwards = [c for c in calls if position(c) < here and _scaled_backward(facts, c)]
+        if not backwards:
+            continue
+        last_backward = backwards[-1]
+        scaler = facts.receiver(facts.receiver(last_backward))  # type: ignore[arg-type]
+        if _scaler_disabled(facts, scaler):
+            continue
+        if any(
+            position(last_backward) < position(c) < here and facts.method_name(c) == "unscale_"
+            for c in calls
+        ):
+            continue
+        # The next scaled backward that always runs ends this clip's step; an optional one in
+        # between (`if use_awp: scaler.scale(adv_loss).backward()`) leaves the gradients
+        # scaled all the same.
+        next_backward = next(
+            (
+                position(c)
+                for c in calls
+                if position(c) > here
+                and _scaled_backward(facts, c)
+                and _path_unconditional(facts, c, _lowest_common_ancestor(facts, c, clip))
+            ),
+            None,
+        )
+        steps = [
+            c
+            for c in calls
+            if position(c) > here
+            and (next_backward is None or position(c) < next_backward)
+            and is_scaler_call(facts, c, "step")
+            and c.args
+        ]
+        if not steps:
+            continue
+        # An optional scaled backward between the clip and the step adds scaled gradients
+        # after an unscale_() inserted here: the fix would be wrong, the finding is not.
+        between = any(
+            here < position(c) < position(steps[0]) and _scaled_backward(facts, c) for c in calls
+        )
+        yield Hit(
+            clip,
+            f"`{facts.source.segment(clip.func)}` clips gradients that are still multiplied by "
+            "the loss scale; call `scaler.unscale_(optimizer)` first",
+            None if between else _insert_unscale(facts, clip, steps),
+        )
+
+
+def _insert_unscale(facts: Facts, clip: ast.Call, steps: list[ast.Call]) -> Fix | None:
+    if len(steps) != 1:
+        return None
+    step = steps[0]
+    clip_stmt = facts.enclosing_statement(clip)
+    step_stmt = _statement_of_call(facts, step)
+    if clip_stmt is None or step_stmt is None or not owns_lines(facts, clip_stmt):
+        return None
+    step_block = block_of(facts, step_stmt)
+    current: ast.AST = clip_stmt
+    while step_block is not None and not any(item is current for item in step_block):
+        # Up through `if`/`with` only: the clip then runs at most once per step. A clip that
+        # runs where the step is conditional (accumulation) would unscale twice and raise.
+        current = facts.parents.get(current)  # type: ignore[assignment]
+        if not isinstance(current, (ast.If, ast.With, ast.AsyncWith)):
+            return None
+    if step_block is None:
+        return None
+    if index_in(step_block, current) > index_in(step_block, step_stmt):  # type: ignore[arg-type]
+        return None
+    scaler_text = facts.source.segment(facts.receiver(step))  # type: ignore[arg-type]
+    optimizer_text = facts.source.segment(step.args[0])
+    return Fix(
+        "safe",
+        f"Insert `{scaler_text}.unscale_({optimizer_text})` before clipping",
+        (insert_line_before(facts, clip_stmt, f"{scaler_text}.unscale_({optimizer_text})"),),
+    )

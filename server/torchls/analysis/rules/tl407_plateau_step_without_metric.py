@@ -1,0 +1,65 @@
+"""TL407 `plateau-step-without-metric`: the rule module.
+
+Checks that a `ReduceLROnPlateau` is stepped with the metric it monitors. In: the file's
+`Facts`. Out: hits (no fix).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from torchls.analysis.facts import Facts
+from torchls.analysis.registry import Hit, rule
+from torchls.analysis.rules._optimization import method_calls, names_in
+from torchls.analysis.schedulers import scheduler_type
+
+
+@rule(
+    "TL407",
+    "plateau-step-without-metric",
+    "E",
+    "ReduceLROnPlateau.step() called without the monitored metric",
+)
+def plateau_step_without_metric(facts: Facts) -> Iterator[Hit]:
+    """
+    ## What it catches
+    `scheduler.step()` with no argument where `scheduler` is a `ReduceLROnPlateau` (every
+    binding of the name builds one).
+
+    ## Why it is wrong
+    `ReduceLROnPlateau` decides from the value it is given: `step(metrics)` is its required
+    argument. Called without it, `step()` raises a `TypeError` at the end of the first epoch,
+    typically after a full epoch of training was spent, and the epoch's checkpoint is never
+    written.
+
+    ## Example
+    ```python
+    scheduler = ReduceLROnPlateau(optimizer, mode="min", patience=5)
+    for epoch in range(epochs):
+        train_one_epoch(...)
+        val_loss = evaluate(...)
+        scheduler.step()             # TL407: pass val_loss
+    ```
+
+    ## Fix
+    Pass the monitored value: `scheduler.step(val_loss)`. No automatic fix (which metric to
+    pass is the author's choice).
+    """
+    for call in method_calls(facts, "step"):
+        if call.args or call.keywords:
+            continue
+        found = scheduler_type(facts, facts.receiver(call))
+        if found is None or found[0] != "ReduceLROnPlateau":
+            continue
+        branches = facts.conditions_between(call, facts.scope(call))
+        if any(
+            {"isinstance", "ReduceLROnPlateau", "type"} & names_in(branch.test)
+            for branch in branches
+        ):
+            continue
+        text = facts.source.segment(facts.receiver(call))  # type: ignore[arg-type]
+        yield Hit(
+            call,
+            f"`{text}` is a ReduceLROnPlateau: `step()` needs the monitored metric, e.g. "
+            f"`{text}.step(val_loss)` (without it, it raises TypeError)",
+        )
