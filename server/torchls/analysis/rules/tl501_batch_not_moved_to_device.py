@@ -1,15 +1,16 @@
-"""TL5xx: numerics and devices — batches left on the CPU, log of softmax, unguarded logs."""
+"""TL501 `batch-not-moved-to-device`: a model moved to an accelerator called with a tensor taken
+straight from a data loader that was never moved; host-only values and loaders or wrappers that
+put batches on the device themselves are not reported.
+"""
 
 from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
 
-from torchls.analysis.facts import Facts, Origin
-from torchls.analysis.findings import Fix, Span
-from torchls.analysis.queries.tensors import activation_input, activation_of
+from torchls.analysis.facts import Facts
 from torchls.analysis.registry import Hit, rule
-from torchls.analysis.rules._edits import replace_node
+from torchls.analysis.rules._numerics_host import _host_only_input
 
 MOVE_METHODS = {"to", "cuda"}
 
@@ -38,89 +39,6 @@ def _moved_models(facts: Facts) -> dict[str, ast.Call]:
         ):
             moved.setdefault(key, call)
     return moved
-
-
-PACKING = ("pack_padded_sequence", "pack_sequence")
-# Builtins that take plain Python values (a list of lengths, a count), not device tensors.
-HOST_BUILTINS = {"len", "range", "max", "min", "sum", "list", "sorted", "zip", "enumerate"}
-
-
-def _packing_lengths(facts: Facts, name: ast.Name) -> bool:
-    """This read of `name` is the `lengths` of `pack_padded_sequence` (wanted on the CPU)."""
-    parent = facts.parents.get(name)
-    if isinstance(parent, ast.Call) and name in parent.args:
-        qualname = facts.call_qualname(parent) or ""
-        packing = qualname.endswith(PACKING) or facts.short_name(parent) in PACKING
-        return packing and parent.args.index(name) == 1
-    return isinstance(parent, ast.keyword) and _host_use(facts, name)
-
-
-def _host_use(facts: Facts, name: ast.Name) -> bool:
-    """This read of `name` wants a host value: the `lengths` of `pack_padded_sequence` (which
-    needs them on the CPU), an argument of `len`/`range`/`max`..., or a `for` loop's iterable."""
-    parent = facts.parents.get(name)
-    if isinstance(parent, ast.keyword):
-        call = facts.parents.get(parent)
-        return (
-            isinstance(call, ast.Call)
-            and parent.arg == "lengths"
-            and (facts.call_qualname(call) or facts.short_name(call)).endswith(PACKING)
-        )
-    if isinstance(parent, ast.Call) and name in parent.args:
-        qualname = facts.call_qualname(parent) or ""
-        if qualname.endswith(PACKING) or facts.short_name(parent) in PACKING:
-            return parent.args.index(name) == 1
-        return isinstance(parent.func, ast.Name) and parent.func.id in HOST_BUILTINS
-    return isinstance(parent, (ast.For, ast.comprehension)) and parent.iter is name
-
-
-def _forward_of(facts: Facts, func: ast.expr) -> tuple[Facts, ast.FunctionDef] | None:
-    """The `forward` method (and the facts of its file) of the module object `func` names."""
-    value = facts.binding_value(func) if isinstance(func, (ast.Name, ast.Attribute)) else None
-    for _ in range(4):
-        if not isinstance(value, ast.Call) or not facts.returns_receiver(value):
-            break
-        receiver = facts.receiver(value)
-        value = facts.binding_value(receiver) if receiver is not None else None
-        value = value if value is not None else receiver
-    if not isinstance(value, ast.Call):
-        return None
-    found = facts.module_class_of_call(value)
-    if found is None:
-        return None
-    owner, info = found
-    forward = info.methods.get("forward")
-    return (owner, forward) if isinstance(forward, ast.FunctionDef) else None
-
-
-def _host_only_input(facts: Facts, call: ast.Call, argument: ast.Name) -> bool:
-    """The loader value is used as a host value, not as a tensor input: in the loop it is
-    passed as `pack_padded_sequence`'s lengths, or the model's `forward` only ever uses the
-    parameter it binds to as one (packing lengths, `len(...)`, a loop over it)."""
-    scope = facts.scope(argument)
-    for node in facts.scope_nodes.get(scope, ()):
-        if (
-            isinstance(node, ast.Name)
-            and node.id == argument.id
-            and node is not argument
-            and facts.reaching_assignment(node) is facts.reaching_assignment(argument)
-            and _packing_lengths(facts, node)  # `len(x)` alone says nothing: tensors have it
-        ):
-            return True
-    found = _forward_of(facts, call.func)
-    if found is None or argument not in call.args:
-        return False
-    owner, forward = found
-    params = [a.arg for a in [*forward.args.posonlyargs, *forward.args.args]][1:]
-    position = call.args.index(argument)
-    if position >= len(params):
-        return False
-    uses = [
-        node
-        for node in owner.scope_nodes.get(forward, ())
-        if isinstance(node, ast.Name) and node.id == params[position]
-    ]
-    return bool(uses) and all(_host_use(owner, use) for use in uses)
 
 
 @rule(
@@ -406,155 +324,3 @@ def _input_moving_wrapper(facts: Facts, call: ast.Call) -> bool:
     if devices is None and len(call.args) > 1:
         devices = call.args[1]
     return devices is not None and not (isinstance(devices, ast.Constant) and devices.value is None)
-
-
-LOG_FUNCTIONS = {"torch.log"}
-
-
-def _log_calls(facts: Facts) -> list[ast.Call]:
-    methods = [c for c in facts.method_calls("log") if facts.call_qualname(c) is None]
-    return [*facts.calls_to(*LOG_FUNCTIONS), *methods]
-
-
-def _log_argument(facts: Facts, call: ast.Call) -> ast.expr | None:
-    if facts.call_qualname(call) in LOG_FUNCTIONS and call.args:
-        return call.args[0]
-    if facts.call_qualname(call) is None and facts.method_name(call) == "log" and not call.args:
-        return facts.receiver(call)
-    return None
-
-
-def _functional_alias(facts: Facts) -> str:
-    for alias, target in facts.imports.items():
-        if target == "torch.nn.functional":
-            return alias
-    return f"{facts.torch_alias or 'torch'}.nn.functional"
-
-
-def _log_of_activation_fix(
-    facts: Facts, log_call: ast.Call, inner: ast.Call, kind: str
-) -> Fix | None:
-    if kind == "softmax":
-        func_text = facts.source.segment(inner.func)
-        if (
-            not func_text.endswith("softmax")
-            or facts.call_qualname(inner) == "torch.special.softmax"
-        ):
-            return None
-        arguments = (
-            facts.source.text_of(_arguments_span(facts, inner))
-            if inner.args or inner.keywords
-            else ""
-        )
-        replacement = f"{func_text[: -len('softmax')]}log_softmax({arguments})"
-        return Fix("safe", "Use log_softmax", (replace_node(facts, log_call, replacement),))
-    if kind == "sigmoid":
-        tensor = activation_input(facts, inner)
-        if tensor is None:
-            return None
-        replacement = f"{_functional_alias(facts)}.logsigmoid({facts.source.segment(tensor)})"
-        return Fix("safe", "Use logsigmoid", (replace_node(facts, log_call, replacement),))
-    return None
-
-
-def _arguments_span(facts: Facts, call: ast.Call) -> Span:
-    nodes = [*call.args, *call.keywords]
-    first = min(nodes, key=lambda n: (n.lineno, n.col_offset))
-    last = max(nodes, key=lambda n: (n.end_lineno or 0, n.end_col_offset or 0))
-    start = facts.source.span(first).start
-    end = facts.source.span(last).end
-    return Span(start, end)
-
-
-@rule(
-    "TL502",
-    "log-of-softmax",
-    "W",
-    "log(softmax(x)) or log(sigmoid(x)) instead of log_softmax / logsigmoid",
-    fix="safe",
-)
-def log_of_softmax(facts: Facts) -> Iterator[Hit]:
-    """
-    ## What it catches
-    `torch.log(F.softmax(x))`, `F.softmax(x).log()`, `torch.log(torch.sigmoid(x))`.
-
-    ## Why it is wrong
-    Softmax and sigmoid underflow to exactly 0 for very negative inputs, and `log(0)` is
-    `-inf`: the loss becomes infinite and the gradients NaN. `log_softmax` and `logsigmoid`
-    compute the same values in one numerically stable step.
-
-    ## Example
-    ```python
-    log_probs = torch.log(F.softmax(logits, dim=-1))     # TL502
-    ```
-
-    ## Fix
-    `F.log_softmax(logits, dim=-1)` / `F.logsigmoid(x)`. The fix is safe.
-    """
-    for call in _log_calls(facts):
-        argument = _log_argument(facts, call)
-        if not isinstance(argument, ast.Call):
-            continue
-        kind = activation_of(facts, Origin(argument))
-        if kind not in ("softmax", "sigmoid") or facts.method_name(argument) == "exp":
-            continue
-        better = "log_softmax" if kind == "softmax" else "logsigmoid"
-        yield Hit(
-            call,
-            f"log of a {kind} (`{facts.source.segment(argument)[:40]}`) underflows to -inf; use "
-            f"`{better}`",
-            _log_of_activation_fix(facts, call, argument, kind),
-        )
-
-
-GUARDS = {"clamp", "clamp_min", "clip", "add", "maximum", "nan_to_num"}
-
-
-@rule(
-    "TL503",
-    "log-without-guard",
-    "I",
-    "log() of a probability with no clamp or epsilon",
-)
-def log_without_guard(facts: Facts) -> Iterator[Hit]:
-    """
-    ## What it catches
-    `torch.log(p)` / `p.log()` where `p` holds probabilities (it was computed by a softmax or
-    sigmoid earlier) and nothing keeps it away from zero.
-
-    ## Why it is wrong
-    A probability that underflows to exactly 0 gives `-inf`, and the next backward pass turns
-    it into NaN in every parameter — typically hundreds of steps into training, when the model
-    becomes confident.
-
-    ## Example
-    ```python
-    probs = torch.sigmoid(logits)
-    entropy = -(probs * torch.log(probs)).sum()     # TL503
-    ```
-
-    ## Fix
-    Guard it: `torch.log(probs.clamp_min(1e-8))` or `torch.log(probs + 1e-8)`, or compute in
-    log space from the logits (`log_softmax`, `logsigmoid`). No automatic fix.
-    """
-    for call in _log_calls(facts):
-        argument = _log_argument(facts, call)
-        if not isinstance(argument, ast.Name):
-            continue
-        origins = facts.origins(argument)
-        if not origins:
-            continue
-        kinds = {activation_of(facts, origin) for origin in origins}
-        if not kinds <= {"softmax", "sigmoid"} or None in kinds:
-            continue
-        if any(
-            isinstance(step, ast.Call) and facts.method_name(step) in GUARDS
-            for origin in origins
-            for step in origin.via
-        ):
-            continue
-        yield Hit(
-            call,
-            f"log of `{argument.id}`, a {kinds.pop()} output (line {origins[0].node.lineno}), "
-            "with no clamp or epsilon: an exact 0 gives -inf",
-        )
