@@ -1,0 +1,147 @@
+"""TL803 `checkpoint-on-every-rank`: `torch.save` in a distributed script that every rank runs,
+so N processes write the same file at once.
+
+In: the file's `Facts`; the rank tests are read loosely (`mentions_rank` from `ranks.py`:
+anything that might single out a process), so that this rule stays quiet generously.
+Out: one hit per unguarded `torch.save`; per-rank file names are left alone.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from torchls.analysis.facts import Facts, FunctionNode
+from torchls.analysis.ranks import mentions_rank
+from torchls.analysis.registry import Hit, rule
+from torchls.analysis.rules._distributed import MAX_DEPTH, _decorated_rank_zero
+
+# Calls that start a process running the function they are given.
+PROCESS_STARTERS = {"spawn", "start_processes", "Process"}
+
+
+def _distributed_script(facts: Facts) -> bool:
+    for call in facts.calls:
+        qualname = facts.call_qualname(call) or ""
+        if qualname.endswith("init_process_group") and qualname.startswith("torch.distributed"):
+            return True
+        if qualname.startswith("torch.nn.parallel") and qualname.endswith(
+            "DistributedDataParallel"
+        ):
+            return True
+    return False
+
+
+def _spawned(facts: Facts, function: FunctionNode) -> bool:
+    """The function is a process entry point (`mp.spawn(main_worker, ...)`, `Process(target=)`)."""
+    for call in facts.calls:
+        if facts.short_name(call) not in PROCESS_STARTERS:
+            continue
+        values = [*call.args, *(k.value for k in call.keywords)]
+        if any(isinstance(v, ast.Name) and v.id == function.name for v in values):
+            return True
+    return False
+
+
+def _early_rank_exit(facts: Facts, function: FunctionNode, node: ast.AST) -> bool:
+    """`if rank != 0: return` (or `continue`/`raise`) earlier in the function."""
+    for stmt in facts.walk_local(function):
+        if not isinstance(stmt, ast.If) or stmt.lineno >= node.lineno:  # type: ignore[attr-defined]
+            continue
+        if facts.is_inside(node, stmt) or not mentions_rank(facts, stmt.test):
+            continue
+        exits = (ast.Return, ast.Raise, ast.Continue, ast.Break)
+        if any(isinstance(s, exits) for body in stmt.body for s in ast.walk(body)):
+            return True
+    return False
+
+
+def _rank_guarded(facts: Facts, node: ast.AST, depth: int = 0) -> bool:
+    """True when `node` may run on one process only (or we cannot tell)."""
+    current = facts.parents.get(node)
+    while current is not None and not isinstance(
+        current, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+    ):
+        if isinstance(current, (ast.If, ast.IfExp, ast.While)) and mentions_rank(
+            facts, current.test
+        ):
+            return True
+        current = facts.parents.get(current)
+    function = facts.enclosing_function(node)
+    if function is None:
+        return False
+    if _decorated_rank_zero(function) or _early_rank_exit(facts, function, node):
+        return True
+    if depth >= MAX_DEPTH:
+        return True
+    sites = facts.call_sites(function)
+    if not sites:
+        return not _spawned(facts, function)  # unknown callers: stay quiet
+    return all(_rank_guarded(facts, site, depth + 1) for site in sites)
+
+
+def _per_rank_path(facts: Facts, call: ast.Call) -> bool:
+    """The file name mentions the rank: each process writes its own file (a shard)."""
+    path = next((k.value for k in call.keywords if k.arg == "f"), None)
+    if path is None and len(call.args) > 1:
+        path = call.args[1]
+    return path is not None and _mentions_rank_through_names(facts, path)
+
+
+def _mentions_rank_through_names(facts: Facts, expr: ast.AST, depth: int = 0) -> bool:
+    """`mentions_rank`, following the local names the expression is built from."""
+    if mentions_rank(facts, expr):
+        return True
+    if depth >= MAX_DEPTH:
+        return False
+    for node in ast.walk(expr):
+        if isinstance(node, ast.Name):
+            value = facts.binding_value(node)
+            if value is not None and _mentions_rank_through_names(facts, value, depth + 1):
+                return True
+    return False
+
+
+@rule(
+    "TL803",
+    "checkpoint-on-every-rank",
+    "W",
+    "torch.save in a distributed script is not guarded by a rank-0 check",
+)
+def checkpoint_on_every_rank(facts: Facts) -> Iterator[Hit]:
+    """
+    ## What it catches
+    In a distributed script (it calls `init_process_group` or wraps a model in
+    `DistributedDataParallel`), a `torch.save(...)` that every rank executes: not under an
+    `if rank == 0:`-style check, not after an early `if rank != 0: return`, not in a function
+    decorated `@rank_zero_only` or only called under such a check. Saves whose file name
+    contains the rank (per-rank shards) are not reported.
+
+    ## Why it is wrong
+    Every process writes the same file at the same moment: N concurrent writers truncate and
+    interleave each other's bytes, so the checkpoint can come out corrupt (and the job does N
+    times the I/O). The failure shows up only when a resumed run cannot load it.
+
+    ## Example
+    ```python
+    dist.init_process_group("nccl")
+    model = DDP(model, device_ids=[local_rank])
+    for epoch in range(epochs):
+        train_one_epoch(...)
+        torch.save(model.module.state_dict(), "last.pt")    # TL803: every rank writes
+    ```
+
+    ## Fix
+    Save on one rank: `if dist.get_rank() == 0: torch.save(...)`, followed by
+    `dist.barrier()` if the other ranks read the file afterwards. No automatic fix.
+    """
+    if not _distributed_script(facts):
+        return
+    for call in facts.calls_to("torch.save"):
+        if _per_rank_path(facts, call) or _rank_guarded(facts, call):
+            continue
+        yield Hit(
+            call,
+            "`torch.save` runs on every rank of this distributed script: the processes write "
+            "the same file at once; save under `if rank == 0:` (e.g. `dist.get_rank() == 0`)",
+        )
