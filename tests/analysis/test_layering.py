@@ -1,7 +1,8 @@
 """The analysis keeps its layers one-way: rule modules never import each other, the query layer
 (`torchls.analysis.facts`, `torchls.analysis.queries`) and the other analysis modules (the
-hover's `contracts.py` included) never import a rule module, and the rule families
-CONTRIBUTING.md lists are where the registered rules really live.
+hover's `contracts.py` included) never import a rule module, each rule lives in a module of its
+own named after it (`rules/tl201_eval_without_eval_mode.py`), helpers (`rules/_*.py`) register
+nothing, and no module of the rules package grows past 400 lines.
 
 Why: shared training vocabulary used to live in one rule module and be imported by others (and
 by the hover); a rule module that needs another's helper means the helper belongs to the facts.
@@ -20,12 +21,12 @@ from torchls.analysis import all_rules
 ANALYSIS = Path(__file__).resolve().parents[2] / "server" / "torchls" / "analysis"
 RULES = ANALYSIS / "rules"
 CONTRIBUTING = Path(__file__).resolve().parents[2] / "CONTRIBUTING.md"
-# Helper modules of the rules package (edit builders), not rule modules.
-HELPERS = {"__init__", "_edits"}
 
 
 def rule_modules() -> set[str]:
-    return {p.stem for p in RULES.glob("*.py") if p.stem not in HELPERS}
+    """The rule modules: every module of `rules/` but the helpers (`_edits.py`, `_modes.py`,
+    ...: edit builders and predicates shared by the rules of one family) and `__init__.py`."""
+    return {p.stem for p in RULES.glob("*.py") if not p.stem.startswith("_")}
 
 
 def imported_modules(path: Path, package: str | None = None) -> set[str]:
@@ -96,25 +97,46 @@ def test_the_guard_sees_every_way_of_importing_a_rule_module(tmp_path: Path) -> 
     } <= found
 
 
-def contributing_families() -> dict[str, list[str]]:
-    """`module.py` → the codes and code families (`TL1xx`) CONTRIBUTING.md puts there, from its
-    list of rule families (`- \\`losses.py\\`: TL1xx ...`)."""
-    text = CONTRIBUTING.read_text(encoding="utf-8")
-    families: dict[str, list[str]] = {}
-    for match in re.finditer(r"^\s*- `(\w+)\.py`: ([^—\n]+)", text, re.MULTILINE):
-        families[match.group(1)] = re.findall(r"TL\d(?:xx|\d\d)", match.group(2))
-    return families
+def module_name(code: str, name: str) -> str:
+    """The module a rule lives in: `TL201` `eval-without-eval-mode` →
+    `tl201_eval_without_eval_mode`."""
+    return f"{code.lower()}_{name.replace('-', '_')}"
 
 
-def test_rule_families_in_contributing_match_where_rules_live() -> None:
-    families = contributing_families()
-    assert families, "CONTRIBUTING.md lists the rule family modules"
-    wrong = []
-    for rule in all_rules():
-        module = rule.check.__module__.rsplit(".", 1)[-1]
-        exact = [m for m, codes in families.items() if rule.code in codes]
-        family = [m for m, codes in families.items() if f"{rule.code[:3]}xx" in codes]
-        listed = exact or family
-        if listed != [module]:
-            wrong.append(f"{rule.code} lives in rules/{module}.py, CONTRIBUTING says {listed}")
+def test_each_rule_lives_in_its_own_module_named_after_it() -> None:
+    wrong = [
+        f"{rule.code} lives in rules/{rule.check.__module__.rsplit('.', 1)[-1]}.py, "
+        f"not rules/{module_name(rule.code, rule.name)}.py"
+        for rule in all_rules()
+        if rule.check.__module__ != f"torchls.analysis.rules.{module_name(rule.code, rule.name)}"
+    ]
     assert wrong == []
+    # ... and a rule module holds that one rule: no module is left without one.
+    registered = {rule.check.__module__.rsplit(".", 1)[-1] for rule in all_rules()}
+    assert rule_modules() == registered
+
+
+def test_helper_modules_register_no_rule_and_import_no_rule_module() -> None:
+    helpers = sorted(p for p in RULES.glob("_*.py") if p.stem != "__init__")
+    assert helpers, "the rules package has helper modules (`_edits.py` at least)"
+    offenders = [
+        f"rules/{path.name} imports {imported}"
+        for path in helpers
+        for imported in sorted(imported_modules(path))
+        if imported.removeprefix("torchls.analysis.rules.").split(".")[0] in rule_modules()
+    ]
+    offenders += [f"rules/{p.name} registers a rule" for p in helpers if "@rule(" in p.read_text()]
+    assert offenders == []
+
+
+def test_no_module_of_the_rules_package_is_over_400_lines() -> None:
+    # A rule that needs more has predicates that belong in a helper module or the queries.
+    long = {p.name: n for p in RULES.glob("*.py") if (n := len(p.read_text().splitlines())) > 400}
+    assert long == {}
+
+
+def test_the_rule_modules_contributing_names_are_where_those_rules_live() -> None:
+    text = CONTRIBUTING.read_text(encoding="utf-8")
+    named = set(re.findall(r"rules/(tl\d{3}_\w+)\.py", text))
+    assert named, "CONTRIBUTING.md shows the module layout with an example"
+    assert named <= {module_name(rule.code, rule.name) for rule in all_rules()}
