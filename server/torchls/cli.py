@@ -17,7 +17,7 @@ from typing import Any, TextIO
 
 from torchls import __version__, inspect_cli, output, repro_cli
 from torchls.analysis import Rule, all_rules, get_rule
-from torchls.analysis.registry import documented_rules, rule_by_name
+from torchls.analysis.catalog import documented_rules, rule_by_name
 from torchls.checker import (
     CheckOptions,
     ConfigResolver,

@@ -11,7 +11,7 @@ import sys
 
 from torchls import __version__
 from torchls.analysis import get_rule
-from torchls.analysis.registry import documented_rules
+from torchls.analysis.catalog import documented_rules
 
 
 def test_rule_prints_header_and_full_doc(project):

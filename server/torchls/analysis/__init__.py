@@ -2,7 +2,7 @@
 
 Never imports pygls or torch. The one entry point is `analyze()`; `loss_contracts()` (and
 `loss_contract_at()`) serve the editor hover. Rules live in `torchls.analysis.rules`,
-registered in `registry`.
+registered in `registry`; `catalog` loads them and looks them up.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING
 
+from torchls.analysis.catalog import all_rules, get_rule
 from torchls.analysis.findings import Edit, Finding, Fix, Position, Related, Span
-from torchls.analysis.registry import RULES, Hit, Rule, all_rules, get_rule
+from torchls.analysis.registry import RULES, Hit, Rule
 from torchls.analysis.resolver import CachedView, Workspace, imports_project_names
 from torchls.analysis.source import ParsedSource, SourceError, SyntaxProblem, decode_source
 from torchls.records import field, record

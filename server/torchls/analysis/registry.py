@@ -93,33 +93,3 @@ def rule(
         return check
 
     return register
-
-
-def all_rules() -> list[Rule]:
-    """Every registered rule, ordered by code."""
-    import torchls.analysis.rules  # noqa: F401  (importing registers the rules)
-
-    return [RULES[code] for code in sorted(RULES)]
-
-
-def get_rule(code: str) -> Rule | None:
-    """The rule registered under `code`, or the documentation of a TL9xx probe finding."""
-    from torchls.analysis.probe_rules import PROBE_RULES
-
-    all_rules()
-    return RULES.get(code.upper()) or PROBE_RULES.get(code.upper())
-
-
-def documented_rules() -> list[Rule]:
-    """Every code torchls can emit, ordered by code: the static rules and the TL9xx findings
-    of the repro (`torchls rule` and its name lookup cover all of them)."""
-    from torchls.analysis.probe_rules import PROBE_RULES
-
-    found = {rule.code: rule for rule in all_rules()} | PROBE_RULES
-    return [found[code] for code in sorted(found)]
-
-
-def rule_by_name(name: str) -> Rule | None:
-    """The rule (static or repro) whose kebab-case name is `name`."""
-    wanted = name.strip().lower()
-    return next((rule for rule in documented_rules() if rule.name == wanted), None)
