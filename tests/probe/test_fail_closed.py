@@ -273,6 +273,8 @@ def test_a_trial_failure_is_retried_and_never_cached(tmp_path, monkeypatch):
     first, second = bwrap_state(), bwrap_state()
     assert first.state == second.state == "fails" and first.path == str(script)
     assert first.tries == 3
+    # A bubblewrap that says nothing still gets a reason the user can act on.
+    assert "exit status 1: no message" in first.detail
     assert calls.read_text().count("x") == 6  # each call tried again: nothing remembered
     assert not sandbox_module.bwrap_sizes_tmpfs()
     assert not sandbox_module.bwrap_disables_userns()

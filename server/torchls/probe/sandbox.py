@@ -271,7 +271,8 @@ def _bwrap_try(path: str, extra: tuple[str, ...]) -> str | None:
         return f"bubblewrap failed to start: {error}"
     if done.returncode != 0:
         reason = done.stderr.decode("utf-8", "replace").strip().splitlines()
-        return f"bubblewrap cannot create namespaces here: {reason[-1] if reason else '?'}"
+        said = reason[-1] if reason else "no message"
+        return f"bubblewrap cannot create namespaces here (exit status {done.returncode}: {said})"
     return None
 
 
