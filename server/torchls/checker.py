@@ -30,12 +30,14 @@ from torchls.analysis import (
     AnalysisResult,
     Finding,
     Position,
+    Rule,
     Span,
     SyntaxProblem,
     Workspace,
     all_rules,
     analyze,
     collector_paused,
+    get_rule,
 )
 from torchls.analysis.index import NOT_PROJECT_DIRS
 from torchls.analysis.selection import normalise_selectors
@@ -167,6 +169,49 @@ def unknown_selectors(selectors: Iterable[str]) -> list[str]:
     return unknown
 
 
+def closest_rule(wanted: str, rules: Sequence[Rule] | None = None) -> str:
+    """'; did you mean TL106 (class-targets-cast-to-float)?' — by spelling, else by number."""
+    rules = list(rules if rules is not None else all_rules())
+    if not rules:
+        return ""
+    by_key = {r.code: r for r in rules} | {r.name: r for r in rules}
+    import difflib  # only for a misspelt rule name
+
+    close = difflib.get_close_matches(wanted.strip(), list(by_key), n=1, cutoff=0.75)
+    if close:
+        best = by_key[close[0]]
+    else:
+        best = min(rules, key=lambda r: _code_distance(wanted.strip().upper(), r.code))
+    return f"; did you mean {best.code} ({best.name})? 'torchls rule --all' lists every rule"
+
+
+def _code_distance(wanted: str, code: str) -> tuple[int, int]:
+    """Longer shared prefix first, then the nearest number (TL107 → TL106, TL999 → TL303)."""
+    shared = next(
+        (i for i, (a, b) in enumerate(zip(wanted, code, strict=False)) if a != b),
+        min(len(wanted), len(code)),
+    )
+    digits = "".join(ch for ch in wanted if ch.isdigit())
+    number = int(digits) if digits else 0
+    code_number = int("".join(ch for ch in code if ch.isdigit()) or 0)
+    return (-shared, abs(number - code_number))
+
+
+def selector_problem(selector: str, where: str) -> str:
+    """Why `selector` (named in `where`: a flag, a configuration key) selects nothing: a
+    documented code that is no check (TL000, the TL9xx), or a typo with the nearest rule. The
+    CLI refuses with it; a configuration file only warns with it."""
+    documented = get_rule(selector)
+    if documented is not None:
+        # A "did you mean" of some unrelated rule would mislead here.
+        return (
+            f"{documented.code} ({documented.name}) in {where} is not a rule `torchls check` "
+            f"runs, so it cannot be selected or ignored; 'torchls rule {documented.code}' "
+            "explains it"
+        )
+    return f"unknown rule selector {selector!r} in {where}{closest_rule(selector)}"
+
+
 def config_warnings(config: ProjectConfig) -> list[str]:
     """Unknown codes in a config file: reported, not fatal, so a newer config still works."""
     if config.path is None:
@@ -179,7 +224,7 @@ def config_warnings(config: ProjectConfig) -> list[str]:
     for pattern, codes in config.per_file_ignores.items():
         lists[f"per-file-ignores {pattern!r}"] = codes
     return [
-        f"{config.path}: warning: unknown rule selector {selector!r} in [tool.torchls] {key}"
+        f"{config.path}: warning: {selector_problem(selector, f'[tool.torchls] {key}')}"
         for key, selectors in lists.items()
         for selector in unknown_selectors(list(selectors))
     ]

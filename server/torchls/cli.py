@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from torchls import __version__, inspect_cli, output, repro_cli
-from torchls.analysis import Rule, all_rules, get_rule
+from torchls.analysis import get_rule
 from torchls.analysis.catalog import documented_rules, rule_by_name
 from torchls.checker import (
     CheckOptions,
@@ -24,8 +24,10 @@ from torchls.checker import (
     FileReport,
     check_paths,
     check_stdin,
+    closest_rule,
     config_warnings,
     discover,
+    selector_problem,
     unknown_selectors,
     with_parse_failures,
 )
@@ -408,19 +410,8 @@ def _codes(values: list[str] | None) -> tuple[str, ...] | None:
 
 
 def _reject_unknown(flag: str, unknown: list[str]) -> None:
-    if not unknown:
-        return
-    documented = get_rule(unknown[0])
-    if documented is not None:
-        # A documented code that is no check (TL000, the TL9xx): refused like a typo, but a
-        # "did you mean" of some unrelated rule would mislead.
-        raise UsageError(
-            f"{documented.code} ({documented.name}) in {flag} is not a rule `torchls check` "
-            f"runs, so it cannot be selected or ignored; 'torchls rule {documented.code}' "
-            "explains it"
-        )
-    hint = _closest_rule(unknown[0])
-    raise UsageError(f"unknown rule selector {unknown[0]!r} in {flag}{hint}")
+    if unknown:
+        raise UsageError(selector_problem(unknown[0], flag))
 
 
 # --- rule ------------------------------------------------------------------------------------
@@ -441,42 +432,12 @@ def run_rule(args: argparse.Namespace) -> int:
         raise UsageError("give a rule code (torchls rule TL101) or --all")
     rule = get_rule(args.code) or rule_by_name(args.code)
     if rule is None:
-        raise UsageError(
-            f"unknown rule {args.code!r}{_closest_rule(args.code, documented_rules())}"
-        )
+        raise UsageError(f"unknown rule {args.code!r}{closest_rule(args.code, documented_rules())}")
     if args.output_format == "json":
         sys.stdout.write(output.dumps(output.rule_json(rule)))
     else:
         sys.stdout.write(output.rule_doc(rule, style))
     return EXIT_CLEAN
-
-
-def _closest_rule(wanted: str, rules: Sequence[Rule] | None = None) -> str:
-    """'; did you mean TL106 (class-targets-cast-to-float)?' — by spelling, else by number."""
-    rules = list(rules if rules is not None else all_rules())
-    if not rules:
-        return ""
-    by_key = {r.code: r for r in rules} | {r.name: r for r in rules}
-    import difflib  # only for a misspelt rule name
-
-    close = difflib.get_close_matches(wanted.strip(), list(by_key), n=1, cutoff=0.75)
-    if close:
-        best = by_key[close[0]]
-    else:
-        best = min(rules, key=lambda r: _code_distance(wanted.strip().upper(), r.code))
-    return f"; did you mean {best.code} ({best.name})? 'torchls rule --all' lists every rule"
-
-
-def _code_distance(wanted: str, code: str) -> tuple[int, int]:
-    """Longer shared prefix first, then the nearest number (TL107 → TL106, TL999 → TL303)."""
-    shared = next(
-        (i for i, (a, b) in enumerate(zip(wanted, code, strict=False)) if a != b),
-        min(len(wanted), len(code)),
-    )
-    digits = "".join(ch for ch in wanted if ch.isdigit())
-    number = int(digits) if digits else 0
-    code_number = int("".join(ch for ch in code if ch.isdigit()) or 0)
-    return (-shared, abs(number - code_number))
 
 
 # --- server ----------------------------------------------------------------------------------
