@@ -13,6 +13,7 @@ import json
 import os
 from pathlib import Path
 
+from tests.reports import schema_report
 from torchls.lsp import repro_hover
 from torchls.lsp.repro_lookup import ValueSpan, value_at
 from torchls.lsp.repro_state import build_result
@@ -41,7 +42,7 @@ def test_an_unpacked_name_shows_its_own_output(tmp_path: Path) -> None:
         "outputs": [_summary(10.0), _summary(-3.5), _summary(0.25)],
     }
     record = {"filename": str(target), "line": 1, "entries": [entry]}
-    data, _ = parse_probe_report(json.dumps({"lines": [record]}))
+    data, _ = parse_probe_report(json.dumps(schema_report(lines=[record])))
     assert data is not None
     result = build_result(target.as_uri(), 1, data, {}, root=tmp_path)
     trace = result.files[os.path.realpath(target)]
@@ -74,7 +75,7 @@ def test_the_text_report_lists_a_contract_violation_once(tmp_path: Path) -> None
         "end_column": 27,
         "message": message,
     }
-    data, _ = parse_probe_report(json.dumps({"status": "ok", "findings": [finding]}))
+    data, _ = parse_probe_report(json.dumps(schema_report(findings=[finding])))
     assert data is not None
     text = render(ReproReport(data, root=str(tmp_path)), cwd=str(tmp_path))
     assert text.count(message) == 1

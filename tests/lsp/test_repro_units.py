@@ -3,6 +3,7 @@ the setting to change. No server, no torch."""
 
 from __future__ import annotations
 
+from tests.reports import schema_report
 from torchls.lsp.repro_diagnostics import probe_span
 from torchls.lsp.repro_messages import limit_problem, sandbox_problem, setup_failure, usage_failure
 from torchls.lsp.repro_state import LineMap, ReproStore, build_result
@@ -48,10 +49,10 @@ def test_store_replaces_per_document_and_clears(tmp_path) -> None:
     path.write_text("\n".join(BASELINE), encoding="utf-8")
     finding = {"code": "TL901", "filename": str(path), "line": 1, "column": 1}
     store = ReproStore()
-    store.put(build_result("file:///t", 1, {"findings": [finding]}, {}))
-    store.put(build_result("file:///t", 2, {"findings": []}, {}))
+    store.put(build_result("file:///t", 1, schema_report(findings=[finding]), {}))
+    store.put(build_result("file:///t", 2, schema_report(findings=[]), {}))
     assert store.newest_for(str(path)) is None  # the re-run found nothing in this file
-    store.put(build_result("file:///t", 3, {"findings": [finding]}, {}))
+    store.put(build_result("file:///t", 3, schema_report(findings=[finding]), {}))
     found = store.newest_for(str(path))
     assert found is not None and found[0].run_id == 3
     assert store.clear("file:///t") == {str(path.resolve())}

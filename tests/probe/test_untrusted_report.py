@@ -23,11 +23,12 @@ from pathlib import Path
 import pytest
 
 from tests.probe.support import bwrap_usable
+from tests.reports import schema_report
 from torchls.lsp import repro_hover, repro_messages
 from torchls.lsp.repro_state import build_result
 from torchls.probe import ReproOptions, ReproSession, run_repro
 from torchls.probe.prepare import prepare
-from torchls.probe.report import ReproReport, parse_probe_report, synthesize
+from torchls.probe.report import ReproReport, parse_probe_report
 from torchls.probe.runner import ProgressEvent, forward_progress
 from torchls.probe.sources import MAX_FILE_BYTES, ProjectSources
 from torchls.probe.text import render
@@ -163,22 +164,13 @@ def test_the_server_reads_forged_locations_once_and_never_outside_the_project(
         }
         for name in where
     ]
-    data, why = parse_probe_report(json.dumps(_report(findings=findings[:200])))
+    data, why = parse_probe_report(json.dumps(schema_report(findings=findings[:200])))
     assert why is None and data is not None and len(data["findings"]) == 200
     result = build_result(target.as_uri(), 1, data, {}, root=project)
     assert set(result.files) == set()  # nothing readable: no trace for any of those files
     # Past the schema's bound of 200 findings the report is refused whole, unread.
-    data, why = parse_probe_report(json.dumps(_report(findings=findings)))
+    data, why = parse_probe_report(json.dumps(schema_report(findings=findings)))
     assert data is None and why is not None and "findings: more than 200 items" in why
-
-
-def _report(**fields: object) -> dict:
-    """A report that follows the schema (the one the server writes for a run that wrote none),
-    with `fields` replaced."""
-    base = synthesize(
-        status="ok", file="/x.py", message="m", code="TL905", stopped_by="end", request={}
-    )
-    return {**base, **fields}
 
 
 FINDING = {"code": "TL901", "severity": "error", "filename": "/x.py", "message": "m"}
@@ -210,8 +202,8 @@ FINDING.update(line=1, column=1, end_line=1, end_column=2, related=[])
     ],
 )
 def test_a_report_that_breaks_the_schema_is_refused_whole(fields: dict, named: str) -> None:
-    assert parse_probe_report(json.dumps(_report()))[1] is None  # the base follows it
-    data, why = parse_probe_report(json.dumps(_report(**fields)))
+    assert parse_probe_report(json.dumps(schema_report()))[1] is None  # the base follows it
+    data, why = parse_probe_report(json.dumps(schema_report(**fields)))
     assert data is None and why is not None
     assert "breaks the report schema (version 2)" in why and named in why, why
 
@@ -447,11 +439,12 @@ def test_module_and_op_names_are_literal_text_in_hovers() -> None:
         ],
     }
     line = {"filename": "/x.py", "line": 1, "entries": [entry]}
-    assert parse_probe_report(json.dumps(_report(lines=[line])))[1] is None  # the schema takes it
+    # The schema takes it.
+    assert parse_probe_report(json.dumps(schema_report(lines=[line])))[1] is None
     # Markup where the schema wants numbers never gets this far: the report is refused.
     for field, value in (("count", "9 | injected"), ("outputs", [{"shape": ["1](http://e)"]}])):
         forged = {**line, "entries": [{**entry, field: value}]}
-        assert parse_probe_report(json.dumps(_report(lines=[forged])))[0] is None
+        assert parse_probe_report(json.dumps(schema_report(lines=[forged])))[0] is None
     table = "\n".join([repro_hover.HEADER, repro_hover.RULE, repro_hover.entry_row(entry, "y = t")])
     html = _rendered(table)
     assert "<img" not in html and "<a " not in html and "<strong>" not in html, html
@@ -475,7 +468,7 @@ def test_markdown_in_a_forged_event_stays_text_in_the_hover(tmp_path: Path) -> N
         "summary": {"nonfinite": {"nan": 1, "numel": 1}},
     }
     nonfinite = {"events": [event], "first": 0, "chain": [0], "dropped": 0}
-    data, why = parse_probe_report(json.dumps(_report(nonfinite=nonfinite)))
+    data, why = parse_probe_report(json.dumps(schema_report(nonfinite=nonfinite)))
     assert why is None, why
     assert data is not None
     result = build_result(target.as_uri(), 1, data, {}, root=tmp_path)
