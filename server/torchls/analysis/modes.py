@@ -39,6 +39,8 @@ State = dict[str, frozenset[ModeFact]]
 UNKNOWN = frozenset({ModeFact("unknown", None)})
 DEFAULT = frozenset({ModeFact("default", None)})
 MAX_EXACT_LOOP_DEPTH = 4
+# Rounds of re-analysing functions with their callers' entry states (see `ModeAnalysis.run`).
+MAX_ENTRY_ROUNDS = 3
 
 
 def _union(first: State, second: State) -> State:
@@ -49,6 +51,14 @@ def _union(first: State, second: State) -> State:
         if key not in second:
             merged[key] = first[key] | UNKNOWN
     return merged
+
+
+def _merged(by_caller: dict[ast.AST, State] | None) -> State:
+    """One entry state from the states each caller hands a function (their union)."""
+    merged: State | None = None
+    for state in (by_caller or {}).values():
+        merged = state if merged is None else _union(merged, state)
+    return merged or {}
 
 
 def _mark_back_edge(state: State) -> State:
@@ -83,7 +93,8 @@ class ModeAnalysis:
     # The helper being interpreted for a call site, with the constants that site binds to
     # its parameters (`set_mode(train=False)`): its `if train:` takes one branch only.
     _constants: list[tuple[FunctionNode, dict[str, object]]] = field(default_factory=list)
-    _pending_entries: dict[ast.AST, State] = field(default_factory=dict)
+    # callee -> calling function (or the module) -> the callee's entry state from its sites.
+    _pending_entries: dict[ast.AST, dict[ast.AST, State]] = field(default_factory=dict)
     _calls: dict[ast.Call, CallInfo] = field(default_factory=dict)
     _relevant: dict[ast.AST, list[ast.Call]] = field(default_factory=dict)
     _relevance: dict[ast.Call, bool] = field(default_factory=dict)
@@ -135,25 +146,36 @@ class ModeAnalysis:
         self._possible_keys, self._switched_keys, self._helpers_own_modes = inputs
         self._builds_model = _statements_building_models(facts)
         self._saves_mode = _statements_saving_modes(facts)
-        # Round one analyses everything from an unknown entry and collects call-site states;
-        # round two re-analyses only the functions that got an entry state from a caller.
-        entries: dict[ast.AST, State] = {}
-        self._pending_entries = entries
+        # Round one analyses everything from an unknown entry and collects call-site states,
+        # per calling function; later rounds re-analyse the functions that got an entry
+        # state from their callers, until no entry changes (a few rounds at most): a helper
+        # two calls down (`train` -> `validate(ctx)` -> `predict(ctx.model, ...)`) gets
+        # the state its caller sees once that caller was re-analysed with its own entry.
+        contributions_by_caller: dict[ast.AST, dict[ast.AST, State]] = {}
+        self._pending_entries = contributions_by_caller
         self._interpret(facts.tree.body, {})
         for function in functions:
             self._interpret(function.body, self._root_entry(function))
-        self.entry = entries
+        used: dict[ast.AST, State] = {}
+        for _ in range(MAX_ENTRY_ROUNDS):
+            changed = False
+            for function in functions:
+                entry = _merged(contributions_by_caller.get(function))
+                if not entry or used.get(function) == entry:
+                    continue
+                used[function] = entry
+                changed = True
+                for by_caller in contributions_by_caller.values():
+                    by_caller.pop(function, None)  # its sites are about to be re-collected
+                for call in facts.calls_in(function):
+                    self.at_call.pop(call, None)
+                    self.at_site.pop(call, None)
+                    self.site_entry.pop(call, None)
+                self._interpret(function.body, {**self._root_entry(function), **entry})
+            if not changed:
+                break
+        self.entry = used
         self._pending_entries = {}
-        for function in functions:
-            entry = self.entry.get(function)
-            if not entry:
-                continue
-            entry = {**self._root_entry(function), **entry}
-            for call in facts.calls_in(function):
-                self.at_call.pop(call, None)
-                self.at_site.pop(call, None)
-                self.site_entry.pop(call, None)
-            self._interpret(function.body, entry)
 
     def _leaves(self, loop: ast.For | ast.AsyncFor) -> bool:
         found = self._leaves_cache.get(loop)
@@ -444,7 +466,7 @@ class ModeAnalysis:
             # Cheapest questions first: most calls in a file are answered by the first two,
             # and the kind of the callee (the dearest) is asked only of the rest.
             facts = self.facts
-            called_key = facts.key(call.func)
+            called_key = run_key(facts, call)
             found = (
                 facts.method_name(call) in ("train", "eval")
                 or (called_key is not None and called_key in self._possible_keys)
@@ -467,7 +489,7 @@ class ModeAnalysis:
             info = CallInfo(
                 facts.method_name(call),
                 facts.key(facts.same_object(facts.receiver(call))),
-                facts.key(call.func),
+                run_key(facts, call),
                 self._is_model_call(call),
                 facts.called_function(call),
             )
@@ -503,6 +525,10 @@ class ModeAnalysis:
             switched = frozenset({ModeFact(mode, call)})
             if receiver_key in self._aliases:
                 return {**state, **{key: switched for key in self._aliases[receiver_key]}}
+            source = self._alias_source(call)
+            if source is not None:
+                # `model = ctx.model; model.train()`: one object under two names.
+                return {**state, receiver_key: switched, source: switched}
             return {**state, receiver_key: switched}
         if function is not None and _own_helper_method(call, function):
             # `self.train_one_epoch(loader)`: a method of the module's own class, not a
@@ -520,6 +546,27 @@ class ModeAnalysis:
             state = self._apply_helper(call, function, state)
         return state
 
+    def _alias_source(self, call: ast.Call) -> str | None:
+        """For `model.train()` where `model` is a local bound once, in its function, to an
+        attribute (`model = ctx.model`): the attribute's key, which names the same module."""
+        facts = self.facts
+        receiver = facts.receiver(call)
+        if not isinstance(receiver, ast.Name):
+            return None
+        scope = facts.scope(call)
+        bindings = facts.assignments_of(receiver.id, scope)  # type: ignore[arg-type]
+        if len(bindings) != 1 or scope is facts.tree:
+            return None
+        binding = bindings[0]
+        value = binding.value
+        if binding.index is not None or binding.loop is not None:
+            return None
+        if binding.stmt.lineno > call.lineno:
+            return None
+        if not isinstance(value, ast.Attribute) or not isinstance(binding.stmt, ast.Assign):
+            return None
+        return facts.key(value)
+
     def _note_site(self, call: ast.Call, state: State) -> None:
         """Record the modes of the tracked objects `call` hands over as arguments."""
         for argument in call.args:
@@ -529,9 +576,12 @@ class ModeAnalysis:
                 site[key] = site.get(key, frozenset()) | state[key]
 
     def _is_model_call(self, call: ast.Call) -> bool:
-        if not isinstance(call.func, (ast.Name, ast.Attribute)):
+        if runs_generation(self.facts, call):
+            return True
+        module = run_module(call)
+        if not isinstance(module, (ast.Name, ast.Attribute)):
             return False
-        kind = self.facts.kind_of(call.func)
+        kind = self.facts.kind_of(module)
         return kind is not None and kind.kind == "model"
 
     # ------------------------------------------------------------------ helpers
@@ -613,8 +663,10 @@ class ModeAnalysis:
             before = self.evaluating_entry.get(call)
             self.evaluating_entry[call] = _union(before, entry) if before else entry
         else:
-            pending = self._pending_entries.setdefault(function, {})
-            self._pending_entries[function] = _union(pending, entry) if pending else entry
+            caller = self.facts.enclosing_function(call) or self.facts.tree
+            by_caller = self._pending_entries.setdefault(function, {})
+            pending = by_caller.get(caller)
+            by_caller[caller] = _union(pending, entry) if pending is not None else entry
         effect = self._effect(function, _constant_arguments(call, function))
         if not effect:
             return state
@@ -750,6 +802,49 @@ def _listed_arguments(facts: Facts, call: ast.Call, function: FunctionNode) -> d
             if all(keys):
                 found[param] = keys  # type: ignore[assignment]
     return found
+
+
+def run_module(call: ast.Call) -> ast.expr:
+    """The module a call runs: `model` for `model(x)` and for `model.forward(x)` (an explicit
+    forward runs the module in the mode it is in, like calling it); otherwise the callee."""
+    func = call.func
+    if isinstance(func, ast.Attribute) and func.attr == "forward":
+        return func.value
+    return func
+
+
+def run_key(facts: Facts, call: ast.Call) -> str | None:
+    """The key of the module `call` runs: `model` for `model.forward(x)` (`run_module`) and
+    for `model.generate(x)` of a transformers model (`runs_generation`)."""
+    if runs_generation(facts, call):
+        return facts.key(call.func.value)  # type: ignore[attr-defined]
+    return facts.key(run_module(call))
+
+
+# Libraries whose models' `generate()` runs the model's forward in whatever mode the model is
+# in: it never calls eval() (it only turns gradients off).
+_GENERATING_LIBRARIES = frozenset({"transformers", "peft"})
+
+
+def runs_generation(facts: Facts, call: ast.Call) -> bool:
+    """`model.generate(...)` where `model` is a parameter typed as, or a local built by, a
+    transformers (or peft) model class: decoding runs the model in the mode it is in (dropout
+    stays on in training mode), with gradients off."""
+    receiver = facts.receiver(call)
+    if facts.method_name(call) != "generate" or not isinstance(receiver, ast.Name):
+        return False
+    origin: ast.expr | None = None
+    function = facts.parameter_of(receiver)
+    if function is not None:
+        args = function.args
+        for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs]:
+            if arg.arg == receiver.id:
+                origin = arg.annotation
+    else:
+        value = facts.binding_value(receiver)
+        origin = value.func if isinstance(value, ast.Call) else None
+    qualname = (facts.qualname(origin) or "") if origin is not None else ""
+    return qualname.split(".")[0] in _GENERATING_LIBRARIES
 
 
 def _own_helper_method(call: ast.Call, function: FunctionNode) -> bool:
@@ -1118,6 +1213,14 @@ def _relevant_functions(facts: Facts) -> list[FunctionNode]:
             called = facts.called_function(call)
             if called is not None:
                 relevant.add(called)
+    # So does a helper that a mode-switching function calls (`self.module_.eval()`, then
+    # `self.infer(x)`): it runs its forwards in the mode just set.
+    for function in functions:
+        if any(_is_mode_call(call) for call in facts.calls_in(function)):
+            for call in facts.calls_in(function):
+                called = facts.called_function(call)
+                if called is not None:
+                    relevant.add(called)
     changed = True
     while changed:
         changed = False

@@ -15,7 +15,7 @@ import ast
 from collections.abc import Iterator
 
 from torchls.analysis.facts import EVAL_FUNCTION_RE, Facts, FunctionNode
-from torchls.analysis.modes import ModeAnalysis, _is_mode_call, analyse_modes
+from torchls.analysis.modes import ModeAnalysis, _is_mode_call, analyse_modes, run_key
 from torchls.analysis.queries.flow import guard_holds, guard_of
 
 
@@ -127,7 +127,9 @@ def _evaluates_by_behaviour(facts: Facts, call: ast.Call, loop: ast.AST, functio
     with what it iterates (`for x, y in data: model(x)`), or feeds the model's outputs back
     into it (greedy decoding: `y = model.decoder(y, state)` around the loop). What it
     iterates includes what the body builds from it first (`x = dataset[i]`)."""
-    if not isinstance(loop, (ast.For, ast.AsyncFor)) or _on_training_path(facts, function):
+    if not isinstance(loop, (ast.For, ast.AsyncFor)) or _on_training_path(
+        facts, function, loader=loop in facts.batch_loops
+    ):
         return False
     targets = _derived_from_target(facts, loop, call)
     arguments = [*call.args, *(k.value for k in call.keywords)]
@@ -159,16 +161,18 @@ def _derived_from_target(facts: Facts, loop: ast.For | ast.AsyncFor, call: ast.C
     bindings = [
         node
         for node in ast.walk(loop)
-        if isinstance(node, ast.Assign)
+        if (isinstance(node, ast.Assign) or (isinstance(node, ast.AnnAssign) and node.value))
         and (node.lineno, node.col_offset) < (call.lineno, call.col_offset)
         and facts.scope(node) is facts.scope(call)
     ]
     for _ in range(3):  # a chain of a few assignments is enough
         grown = False
         for node in bindings:
-            if not any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(node.value)):
+            value = node.value
+            if not any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(value)):  # type: ignore[arg-type]
                 continue
-            for target in node.targets:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
                 for bound in ast.walk(target):
                     if isinstance(bound, ast.Name) and bound.id not in names:
                         names.add(bound.id)
@@ -178,13 +182,21 @@ def _derived_from_target(facts: Facts, loop: ast.For | ast.AsyncFor, call: ast.C
     return names
 
 
-def _on_training_path(facts: Facts, function: ast.AST, depth: int = 0) -> bool:
+def _on_training_path(
+    facts: Facts, function: ast.AST, depth: int = 0, loader: bool = False
+) -> bool:
     """Some call of `function` runs inside a training loop, or in a step function that
-    trains, directly or through its callers: an inference helper used while training."""
+    trains, directly or through its callers: an inference helper used while training. For
+    a helper looping over a data loader (`loader`), a call in an epoch loop after its batch
+    loop, whose result that training does not read, is no part of training
+    (`_trains_alongside`): validation between epochs."""
     if depth > 3:
         return True
     for site in facts.call_sites(function):  # type: ignore[arg-type]
-        if any(loop in facts.training_loops for loop in facts.enclosing_loops(site)):
+        if any(
+            _trains_alongside(facts, loop, site) if loader else loop in facts.training_loops
+            for loop in facts.enclosing_loops(site)
+        ):
             return True
         caller = facts.enclosing_function(site)
         if caller is None:
@@ -192,8 +204,36 @@ def _on_training_path(facts: Facts, function: ast.AST, depth: int = 0) -> bool:
         loops_in_caller = any(facts.is_inside(loop, caller) for loop in facts.loops)
         if not loops_in_caller and _function_trains(facts, caller):
             return True  # a step function that backwards
-        if _on_training_path(facts, caller, depth + 1):
+        if _on_training_path(facts, caller, depth + 1, loader):
             return True
+    return False
+
+
+def _trains_alongside(facts: Facts, loop: ast.AST, site: ast.Call) -> bool:
+    """`loop` trains in the iterations that run `site`: some backward or optimizer step (or
+    an in-file helper that does one) sits in `loop` outside every nested loop that leaves
+    `site` out, or in such a nested loop that reads what `site` returned. `validate(model)`
+    after an epoch's batch loop is no part of the batches' training; `feats = extract(model,
+    x)` beside their backward() is, and so is `pseudo = predict(model, loader)` before a
+    batch loop over `pseudo`."""
+    trains = _trainer(facts)
+    statement = facts.enclosing_statement(site)
+    bound = {
+        n.id
+        for target in getattr(statement, "targets", ())
+        for n in ast.walk(target)
+        if isinstance(n, ast.Name)
+    }
+    for call in facts.calls_in(loop):
+        called = facts.called_function(call)
+        if not (trains(call) or (called is not None and _function_trains(facts, called))):
+            continue
+        inner = [other for other in facts.enclosing_loops(call) if facts.is_inside(other, loop)]
+        apart = [other for other in inner if other is not loop and not facts.is_inside(site, other)]
+        if not apart:
+            return True
+        if any(isinstance(n, ast.Name) and n.id in bound for n in ast.walk(apart[-1])):
+            return True  # `pseudo = predict(model, loader)`, then a batch loop trains on it
     return False
 
 
@@ -204,7 +244,7 @@ def _model_calls_in_eval(facts: Facts) -> Iterator[tuple[ast.Call, ast.AST, str,
         analysis.at_call.items(), key=lambda i: (i[0].lineno, i[0].col_offset)
     ):
         context = evaluation_context(facts, call)
-        key = facts.key(call.func)
+        key = run_key(facts, call)
         if context is None or key is None:
             continue
         if (id(context), key) in seen:
@@ -234,7 +274,7 @@ def _helper_forwards_in_evaluation(
             continue
         for call in facts.calls_in(function):
             modes = analysis.at_call.get(call)
-            key = facts.key(call.func)
+            key = run_key(facts, call)
             if modes is None or key is None or key not in entry:
                 continue
             if any(facts.is_inside(loop, function) for loop in facts.enclosing_loops(call)):
@@ -289,3 +329,72 @@ def _switched_to_eval_by_flag(
                     break
             child, current = current, facts.parents.get(current)
     return False
+
+
+NestedForward = tuple[
+    ast.Call, ast.AST, FunctionNode, ast.Call, FunctionNode, ast.Call, str, frozenset
+]
+
+
+def _nested_helper_forwards(facts: Facts) -> Iterator[NestedForward]:
+    """(site, loop, step, inner, helper, forward, key, modes): a batch loop calls a step
+    method that switches the model's mode itself and then runs it through a further in-file
+    helper (`self.module_.eval()`, then `y = self.infer(x)`, whose body calls
+    `self.module_(x)`), with the modes the model is in when the step calls that helper. Neither
+    the step nor the helper trains, and the helper switches no mode. The loop is evaluation
+    when `evaluation_context` says so, or when the step puts the model in eval() itself, the
+    loop feeds it what it iterates, and neither the loop nor its function trains directly."""
+    analysis = modes_of(facts)
+    seen: set[tuple[int, str]] = set()
+    for site in sorted(analysis.site_entry, key=lambda c: (c.lineno, c.col_offset)):
+        step = facts.called_function(site)
+        if step is None or not facts.enclosing_loops(site) or _function_trains(facts, step):
+            continue
+        evaluated = {
+            facts.key(facts.receiver(call))
+            for call in facts.calls_in(step)
+            if facts.method_name(call) == "eval" and not call.args and not call.keywords
+        }
+        if not evaluated:
+            continue  # a step that switches no mode is `_helper_forwards_in_evaluation`'s
+        context = evaluation_context(facts, site) or _evaluating_step_loop(facts, site)
+        if context is None:
+            continue
+        for inner in facts.calls_in(step):
+            helper = facts.called_function(inner)
+            entry = analysis.site_entry.get(inner)
+            if helper is None or not entry or helper is step:
+                continue
+            if facts.function_reaches(helper, _is_mode_call) or _function_trains(facts, helper):
+                continue
+            for call in facts.calls_in(helper):
+                key = run_key(facts, call)
+                if call not in analysis.at_call or key not in entry or key not in evaluated:
+                    continue
+                if any(facts.is_inside(loop, helper) for loop in facts.enclosing_loops(call)):
+                    continue
+                if (id(context), key) in seen:
+                    continue
+                seen.add((id(context), key))
+                yield site, context, step, inner, helper, call, key, entry[key]
+
+
+def _evaluating_step_loop(facts: Facts, site: ast.Call) -> ast.AST | None:
+    """The innermost loop around `site` when it passes the step what it iterates
+    (`for xb, yb in batches: self.validation_step(xb, yb)`) and neither the loop nor the
+    function around it backwards, steps or clears an optimizer itself (a rollout whose
+    outputs a later backward() uses is training)."""
+    loop = facts.enclosing_loops(site)[0]  # the innermost
+    if not isinstance(loop, (ast.For, ast.AsyncFor)):
+        return None
+    targets = _derived_from_target(facts, loop, site)
+    arguments = [*site.args, *(k.value for k in site.keywords)]
+    if not any(isinstance(n, ast.Name) and n.id in targets for a in arguments for n in ast.walk(a)):
+        return None
+    if facts.node_reaches(loop, facts.is_backward) or _handles_optimizer(facts, loop):
+        return None
+    function = facts.enclosing_function(site)
+    trains = _trainer(facts)
+    if function is not None and any(trains(call) for call in facts.calls_in(function)):
+        return None
+    return loop

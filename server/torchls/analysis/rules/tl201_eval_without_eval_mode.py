@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from torchls.analysis.facts import Facts
 from torchls.analysis.findings import Fix
 from torchls.analysis.layers import built_mode_sensitive, mode_sensitive, runs_no_module
+from torchls.analysis.modes import run_key
 from torchls.analysis.queries.vocabulary import argument_at
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._edits import insert_line_after, insert_line_before
@@ -149,7 +150,13 @@ def eval_without_eval_mode(facts: Facts) -> Iterator[Hit]:
     every caller built the sampler on that network) is not reported either. A forward the
     evaluation loop runs through an in-file helper it shares with training (`output, loss =
     self._forward_pass(x, y)`, whose body calls `self.model(x)`) is judged by the mode the
-    model is in at that call and reported there.
+    model is in at that call and reported there. An explicit `model.forward(...)` runs the
+    model like `model(...)` and is judged the same way, and so is `model.generate(...)` of a
+    transformers or peft model (decoding never calls `eval()`, it only turns gradients off).
+    The mode follows a model through in-file helpers several calls down (`fit` puts
+    `net = ctx.model` in train(), then `score(ctx)` hands `ctx.model` to a decoding helper),
+    and a helper looping over a loader that an epoch loop calls after its batch loop, on a
+    result no training reads, is evaluation, not part of training.
 
     ## Why it is wrong
     In training mode dropout keeps dropping units and batch-norm normalises with the current
@@ -324,7 +331,7 @@ def _flag_evaluations(facts: Facts) -> Iterator[Hit]:
     reported: set[tuple[int, str]] = set()
     for site, function, param, argument, entry in _evaluating_calls(facts):
         for call in facts.calls_in(function):
-            key = facts.key(call.func)
+            key = run_key(facts, call)
             if key is None or key not in entry or not facts.enclosing_loops(call):
                 continue
             if _switched_to_eval_by_flag(facts, function, key, param, argument):

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 from torchls.analysis.facts import Facts, FunctionNode
 from torchls.analysis.findings import Fix
+from torchls.analysis.modes import run_key, runs_generation
 from torchls.analysis.queries.flow import guard_of
 from torchls.analysis.queries.vocabulary import argument_at
 from torchls.analysis.registry import Hit, rule
@@ -22,6 +23,7 @@ from torchls.analysis.rules._modes import (
     _evaluating_calls,
     _helper_forwards_in_evaluation,
     _model_calls_in_eval,
+    _nested_helper_forwards,
     _switched_to_eval_by_flag,
     evaluation_context,
     modes_of,
@@ -58,7 +60,12 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
     (`metrics(model, loader)`) that only other project files call, each after putting the
     model they pass in `eval()`, outside `no_grad`. A forward the evaluation loop runs through
     an in-file helper shared with training (`self._forward_pass(x, y)`) is reported at that
-    call, unless the helper turns gradients off itself.
+    call, unless the helper turns gradients off itself. An explicit `model.forward(...)`
+    runs the model like `model(...)` and counts as its forward everywhere above. A step
+    method that a batch loop calls, which puts the model in `eval()` itself and then runs it
+    through a further helper (`self.module_.eval()`, then `self.infer(x)`), is reported at
+    that helper call, when neither the loop nor its function trains directly. Decoding with
+    transformers' `generate()` turns gradients off itself and is not reported.
 
     ## Why it is wrong
     `eval()` only changes how layers behave; it does not stop autograd. Every forward pass
@@ -78,8 +85,8 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
     """
     analysis = modes_of(facts)
     for call, context, key, modes in _model_calls_in_eval(facts):
-        if not modes:
-            continue
+        if not modes or runs_generation(facts, call):
+            continue  # transformers' generate() turns gradients off itself
         if any(fact.mode != "eval" for fact in modes) and not (
             all(fact.mode in ("unknown", "default") for fact in modes)
             and _evaluated_by_callers_elsewhere(facts, call, key)
@@ -113,6 +120,8 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
     for site, context, function, call, key, modes in _helper_forwards_in_evaluation(facts):
         if not modes or any(fact.mode != "eval" for fact in modes):
             continue
+        if runs_generation(facts, call):
+            continue
         if facts.in_no_grad(site) or facts.under_unknown_decorator(site):
             continue
         if facts.grad_disabling_decorator(function) or _grad_switched_around(facts, function, call):
@@ -126,6 +135,36 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
             f"`{function.name}` runs `{key}` (line {call.lineno}) for this evaluation loop with "
             "gradients enabled; wrap the loop in `torch.no_grad()` or `torch.inference_mode()`",
             _wrap_in_no_grad(facts, context),
+        )
+    yield from _step_helper_forwards_with_grad(facts)
+
+
+def _step_helper_forwards_with_grad(facts: Facts) -> Iterator[Hit]:
+    """A batch loop's step method puts the model in eval() and runs it through a further
+    helper (`self.infer(x)`) with autograd on: reported at the step's call of that helper,
+    where no_grad belongs. Quiet when anything on the way turns gradients off (or may), or
+    needs them."""
+    for site, context, step, inner, helper, call, key, modes in _nested_helper_forwards(facts):
+        if not modes or any(fact.mode != "eval" for fact in modes):
+            continue
+        if runs_generation(facts, call):
+            continue
+        if any(facts.in_no_grad(n) or facts.under_unknown_decorator(n) for n in (site, inner)):
+            continue
+        if any(facts.grad_disabling_decorator(f) for f in (step, helper)):
+            continue
+        if _grad_switched_around(facts, step, inner) or _grad_switched_around(facts, helper, call):
+            continue
+        if any(_needs_gradients(facts, node) for node in (context, step, helper)):
+            continue
+        if facts.parameters_frozen_before(key, inner) or facts.forward_may_disable_grad(call):
+            continue
+        yield Hit(
+            inner,
+            f"`{key}` is in eval mode here and `{helper.name}` runs it (line {call.lineno}) with "
+            f"gradients enabled, for every batch of the loop on line {context.lineno}; wrap "
+            "this call in `torch.no_grad()`",
+            None,
         )
 
 
@@ -199,7 +238,7 @@ def _flag_evaluations_with_grad(facts: Facts) -> Iterator[Hit]:
         if facts.in_no_grad(site) or facts.under_unknown_decorator(site):
             continue
         for call in facts.calls_in(function):
-            key = facts.key(call.func)
+            key = run_key(facts, call)
             loops = facts.enclosing_loops(call)
             if key is None or not loops or (id(function), key) in reported:
                 continue

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from torchls.analysis.facts import Facts
 from torchls.analysis.findings import Fix
 from torchls.analysis.layers import mode_sensitive
-from torchls.analysis.modes import built_in_eval_mode
+from torchls.analysis.modes import built_in_eval_mode, run_module, runs_generation
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._edits import insert_line_after, insert_line_before
 from torchls.analysis.rules._modes import (
@@ -175,8 +175,8 @@ def _uses_in_training_loops(
     analysis = modes_of(facts)
     for call, modes in analysis.at_call.items():
         loops = [loop for loop in facts.enclosing_loops(call) if loop in facts.training_loops]
-        if loops:
-            yield call, call.func, modes, loops
+        if loops and not runs_generation(facts, call):  # decoding samples is no training forward
+            yield call, run_module(call), modes, loops
     for site, held in analysis.at_site.items():
         loops = [loop for loop in facts.enclosing_loops(site) if loop in facts.training_loops]
         if not loops or site not in _backpropagated_calls(facts, loops[0]):
