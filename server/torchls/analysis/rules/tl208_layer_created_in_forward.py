@@ -167,6 +167,36 @@ def _kept_on_module(facts: Facts, call: ast.Call) -> bool:
     return False
 
 
+def _built_once(facts: Facts, call: ast.Call) -> bool:
+    """`self.head = nn.Linear(...)` under an `if` that tests `self.head` (`is None`,
+    `not hasattr(self, "head")`): the layer is built on the first call and kept."""
+    node: ast.AST = call
+    stmt = facts.parents.get(node)
+    # `self.head = nn.Linear(...).to(x.device)`: follow the method chain on the new layer.
+    while isinstance(stmt, ast.Attribute) or (isinstance(stmt, ast.Call) and stmt.func is node):
+        node = stmt
+        stmt = facts.parents.get(node)
+    if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1:
+        return False
+    target = stmt.targets[0]
+    if not (
+        isinstance(target, ast.Attribute)
+        and isinstance(target.value, ast.Name)
+        and target.value.id == "self"
+    ):
+        return False
+    current = facts.parents.get(stmt)
+    while current is not None and not isinstance(current, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if isinstance(current, ast.If):
+            for node in ast.walk(current.test):
+                if isinstance(node, ast.Attribute) and node.attr == target.attr:
+                    return True
+                if isinstance(node, ast.Constant) and node.value == target.attr:
+                    return True  # hasattr(self, "head")
+        current = facts.parents.get(current)
+    return False
+
+
 def _fresh_parameter(facts: Facts, call: ast.Call) -> bool:
     """`nn.Parameter(torch.randn(...))` whose parameter is used and dropped in the call."""
     qualname = facts.call_qualname(call) or ""
@@ -229,7 +259,8 @@ def layer_created_in_forward(facts: Facts) -> Iterator[Hit]:
     that an inherited `forward` calls (`self.decode(...)` in the base class, in this file or
     another); also a fresh `nn.Parameter(torch.randn(...))` made in `forward` and only used
     there (one stored on the module, `self.w = nn.Parameter(...)`, or returned, is not
-    reported). A method under a decorator of
+    reported). A layer built once and kept (`if self.head is None: self.head = nn.Linear(...)`)
+    is not reported. A method under a decorator of
     the project's own (one that may build the layer once and cache it on the module, like
     `@singleton("projector")`) is not reported.
 
@@ -270,7 +301,7 @@ def layer_created_in_forward(facts: Facts) -> Iterator[Hit]:
                         "it in __init__ as `self.<name> = nn.Parameter(...)`",
                     )
                     continue
-                if _builds_parameters(facts, call):
+                if _builds_parameters(facts, call) and not _built_once(facts, call):
                     reported.append(call)
                     where = "forward" if method.name == "forward" else f"{method.name}()"
                     yield Hit(
