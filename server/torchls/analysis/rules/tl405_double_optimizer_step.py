@@ -53,13 +53,20 @@ def stepped_again(facts: Facts, first: ast.Call, second: ast.Call) -> bool:
         return False
     if not _path_unconditional(facts, second, ancestor):
         return False
+    loops = facts.enclosing_loops(first)
+    if not loops or facts.enclosing_loops(second)[:1] != loops[:1]:
+        return False  # not one iteration of a training loop (a test stepping on purpose)
+    if not facts.is_inside(loops[0], ancestor) and loops[0] is not ancestor:
+        return False
+    branched = False
     current = facts.parents.get(first)
     while current is not None and current is not ancestor:
         if not isinstance(current, (ast.If, ast.With, ast.AsyncWith, ast.Expr)):
             return False  # a loop or `try` around the first step: it may run 0 or n times
+        branched = branched or isinstance(current, ast.If)
         current = facts.parents.get(current)
-    if current is None:
-        return False
+    if current is None or not branched:
+        return False  # the accumulation branch's step, then the leftover one
     for node in facts.walk_local(facts.scope(first)):
         line = getattr(node, "lineno", 0)
         if not first.end_lineno < line < second.lineno:  # type: ignore[operator]
