@@ -169,6 +169,47 @@ def _clears_grads_in(facts: Facts, loop: ast.AST) -> bool:
     return any(facts.clears_gradients(node) for node in ast.walk(loop))
 
 
+def _cleared_by_caller(facts: Facts, step: ast.Call, site: ast.Call) -> ast.expr | None:
+    """The receiver of `step` (`self.optimizers.step()`) when its kind is unknown but the
+    method holding `site` calls `zero_grad()` on the same object: it is cleared like an
+    optimizer (`self.optimizers`, a library's container of optimizers)."""
+    receiver = facts.receiver(step)
+    key = facts.key(receiver)
+    if receiver is None or key is None or facts.kind_of(receiver) is not None:
+        return None
+    caller = facts.scope(site)
+    for call in facts.calls_in(caller):
+        if facts.is_zero_grad(call) and facts.key(facts.receiver(call)) == key:
+            return receiver
+    return None
+
+
+def _steps_of_helpers(facts: Facts) -> Iterator[tuple[ast.Call, ast.expr, ast.AST, ast.Call]]:
+    """(step, optimizer, loop, call) for an optimizer step outside any loop in a function
+    that backpropagates and never clears gradients itself, called (`self.train_step(batch)`)
+    every iteration of a loop elsewhere in the file that clears none either: the helper's
+    steps use the gradients of every earlier iteration too."""
+    for step in facts.method_calls("step"):
+        if facts.enclosing_loops(step):
+            continue  # the loop-wide check covers steps inside a loop
+        function = facts.scope(step)
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if not facts.node_reaches(function, facts.accumulates_grad):
+            continue
+        if _clears_grads_in(facts, function):
+            continue
+        for site in facts.call_sites(function):
+            loops = facts.enclosing_loops(site)
+            if not loops or facts.scope(site) is function:
+                continue
+            optimizer = facts.optimizer_of_step(step) or _cleared_by_caller(facts, step, site)
+            if optimizer is None or _clears_grads_in(facts, loops[0]):
+                continue
+            yield step, optimizer, loops[0], site
+            break
+
+
 @rule(
     "TL204",
     "missing-zero-grad",
@@ -189,7 +230,10 @@ def missing_zero_grad(facts: Facts) -> Iterator[Hit]:
     clears nothing at all, each optimizer it steps is reported once; a step in one arm of an
     `if` whose other arm holds every clearing of the loop is reported too. Files that train
     with another framework and never import torch (MXNet's Gluon) are not checked, nor are
-    optimizers handed to an Opacus privacy engine (its step rebuilds `.grad` itself).
+    optimizers handed to an Opacus privacy engine (its step rebuilds `.grad` itself). A
+    helper that backpropagates and steps (`self.train_step(batch)`) called every iteration
+    of a loop that clears nothing is reported at its step, also when the stepped object's
+    kind is unknown but the loop's method calls `zero_grad()` on it once before the loop.
 
     ## Why it is wrong
     `backward()` adds into `.grad`. Without clearing, step *k* uses the sum of all gradients so
@@ -211,11 +255,22 @@ def missing_zero_grad(facts: Facts) -> Iterator[Hit]:
     """
     if _other_framework(facts):
         return  # MXNet's or TensorFlow's backward overwrites gradients: nothing to clear
+    private = _privacy_wrapped(facts)
+    for step, optimizer, loop, site in _steps_of_helpers(facts):
+        if facts.key(optimizer) in private:
+            continue
+        optimizer_text = facts.source.segment(optimizer)
+        yield Hit(
+            step,
+            f"`{optimizer_text}` is stepped here after a backward(), and the loop on line "
+            f"{loop.lineno} runs this every iteration (line {site.lineno}) without clearing "
+            "gradients; they accumulate across iterations",
+            None,
+        )
     # Each optimizer once per loop: with two optimizers and no clearing at all, each gets its
     # own finding and fix (clearing one leaves the other's gradients accumulating).
     reported: set[tuple[int, str]] = set()
     clearings: dict[int, list[ast.AST]] = {}  # per loop, for all the steps in it
-    private = _privacy_wrapped(facts)
     for step, optimizer in _steps(facts):
         loops = facts.enclosing_loops(step)
         if not loops or facts.key(optimizer) in private:

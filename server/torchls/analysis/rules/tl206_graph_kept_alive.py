@@ -16,6 +16,7 @@ from torchls.analysis.findings import Fix
 from torchls.analysis.queries.tensors import detached_value
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._edits import insert_at
+from torchls.analysis.rules._graph_sources import graph_sources
 from torchls.analysis.rules._modes_loss_dicts import _dict_parts, _fixed_key
 
 TENSOR_USES = {"item", "detach", "cpu", "numpy", "backward", "to", "cuda", "tolist", "clone"}
@@ -32,7 +33,7 @@ def _returns_graph(facts: Facts, value: ast.AST, project_calls: set[ast.Call]) -
 
 def _loss_names(
     facts: Facts, scope: ast.AST, project_calls: set[ast.Call]
-) -> tuple[set[str], dict[str, list[ast.Subscript]]]:
+) -> tuple[set[str], dict[str, list[ast.Subscript]], set[str]]:
     """Names in `scope` that hold a loss tensor (assigned from a loss call or from a helper
     returning its graph-attached loss, or backward()-ed), and names of containers shown to
     hold one because an item of theirs is backward()-ed (`output["loss"].backward()`), with
@@ -47,6 +48,10 @@ def _loss_names(
                 names.add(receiver.id)
             elif isinstance(receiver, ast.Subscript) and isinstance(receiver.value, ast.Name):
                 containers.setdefault(receiver.value.id, []).append(receiver)
+    # What a backward()-ed loss was made from as a whole holds the graph too (`loss =
+    # sum(parts)`, `parts` a helper's tuple of losses).
+    sources = graph_sources(facts, scope, names)
+    names |= sources
     # The scope's binding table already lists every `name = value` it holds.
     for name, bindings in facts.assignments.get(scope, {}).items():
         for binding in bindings:
@@ -61,7 +66,7 @@ def _loss_names(
                 )
             ):
                 names.add(name)
-    return names, {k: v for k, v in containers.items() if k not in names}
+    return names, {k: v for k, v in containers.items() if k not in names}, sources
 
 
 def _accumulation(stmt: ast.stmt) -> tuple[str, ast.expr, str] | None:
@@ -302,7 +307,7 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
     for scope in scopes:
         if scope not in lossy:
             continue
-        loss_names, containers = _loss_names(facts, scope, project_calls)
+        loss_names, containers, sources = _loss_names(facts, scope, project_calls)
         if not loss_names and not containers:
             continue
         for node in facts.walk_local(scope):
@@ -350,6 +355,8 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
             from_parts = not isinstance(loss, ast.Call) and not (
                 isinstance(loss, ast.Name) and loss.id in loss_names
             )
+            # A name a loss was summed from may be a tuple: `.item()` on it is no fix.
+            from_parts = from_parts or (isinstance(loss, ast.Name) and loss.id in sources)
             if how in ("append", "+=") and value is loss and not from_parts:
                 applicability = (
                     "unsafe"

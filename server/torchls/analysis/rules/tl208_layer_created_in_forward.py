@@ -11,6 +11,7 @@ import ast
 from collections.abc import Iterator
 
 from torchls.analysis.facts import Facts, FunctionNode
+from torchls.analysis.objects import ClassRef, ObjectModel
 from torchls.analysis.registry import Hit, rule
 
 PARAMETERISED_MODULES = {
@@ -51,26 +52,163 @@ PARAMETERISED_MODULES = {
 }
 
 
+SETUP_METHODS = ("__init__", "reset_parameters", "build", "setup")
+
+# Factories of fresh tensors: `nn.Parameter(torch.randn(...))` in forward makes new random
+# (or constant) weights on every call.
+FRESH_TENSORS = {
+    "randn",
+    "rand",
+    "zeros",
+    "ones",
+    "empty",
+    "normal",
+    "full",
+    "Tensor",
+    "FloatTensor",
+}
+
+
+def _effective_methods(facts: Facts, class_name: str) -> dict[str, tuple[Facts, FunctionNode]]:
+    """The methods an instance of the class runs, by name: its own, then those it inherits
+    from its project base classes (in this file or another), nearest first."""
+    model = facts.get(ObjectModel)
+    table: dict[str, tuple[Facts, FunctionNode]] = {}
+    for klass in model.lineage(ClassRef(facts, facts.classes[class_name])):
+        for name, method in klass.info.methods.items():
+            table.setdefault(name, (klass.facts, method))
+    return table
+
+
 def _forward_only_methods(facts: Facts, class_name: str) -> list[FunctionNode]:
-    """`forward` and the methods of the class that only `forward` (transitively) calls."""
-    info = facts.classes[class_name]
-    forward = info.methods.get("forward")
-    if forward is None:
+    """The class's own methods that `forward` (its own or an inherited one) runs and that
+    nothing else calls: `forward` itself, and methods reached only through `self.m(...)` calls
+    from methods already chosen (a subclass's `decode()` that the base class's `forward`
+    calls)."""
+    table = _effective_methods(facts, class_name)
+    if "forward" not in table:
         return []
-    result = [forward]
+    # Every `self.m(...)` in the methods an instance runs dispatches to this class's `m`.
+    self_calls: dict[str, list[tuple[Facts, ast.Call]]] = {}
+    for owner, method in table.values():
+        for call in owner.calls_in(method):
+            func = call.func
+            if (
+                isinstance(func, ast.Attribute)
+                and isinstance(func.value, ast.Name)
+                and func.value.id == "self"
+            ):
+                self_calls.setdefault(func.attr, []).append((owner, call))
+    chosen = [table["forward"]]
     changed = True
     while changed:
         changed = False
-        for name, method in info.methods.items():
-            if method in result or name in ("__init__", "reset_parameters", "build", "setup"):
+        for name, (owner, method) in table.items():
+            if any(method is m for _, m in chosen) or name in SETUP_METHODS:
                 continue
-            sites = facts.call_sites(method)
+            sites = [(owner, site) for site in owner.call_sites(method)]
+            sites += [s for s in self_calls.get(name, []) if s not in sites]
             if sites and all(
-                any(facts.is_inside(site, chosen) for chosen in result) for site in sites
+                any(where.is_inside(site, m) for _, m in chosen) for where, site in sites
             ):
-                result.append(method)
+                chosen.append((owner, method))
                 changed = True
-    return result
+    own = facts.classes[class_name].methods
+    return [m for owner, m in chosen if owner is facts and own.get(m.name) is m]
+
+
+def _kept_on_module(facts: Facts, call: ast.Call) -> bool:
+    """The parameter `call` builds is stored somewhere that outlives the call (an attribute,
+    a container, `register_parameter`, the caller through `return`), or handed to code we do
+    not know: only one used by torch operations and dropped is certainly lost."""
+    node: ast.AST = call
+    parent = facts.parents.get(node)
+    # `nn.Parameter(...).to(x)`: follow the method chain on the new parameter.
+    while isinstance(parent, ast.Attribute) or (
+        isinstance(parent, ast.Call) and parent.func is node
+    ):
+        node = parent
+        parent = facts.parents.get(node)
+    if not isinstance(parent, ast.Assign) or not all(
+        isinstance(t, ast.Name) for t in parent.targets
+    ):
+        # `torch.einsum(..., nn.Parameter(...))` is used once and dropped; anything else
+        # (an attribute target, a call of ours) may keep it.
+        return not (
+            isinstance(parent, ast.Call)
+            and (facts.call_qualname(parent) or "").startswith("torch.")
+        )
+    names = {t.id for t in parent.targets}  # type: ignore[attr-defined]
+    function = facts.scope(call)
+
+    def mentions(expr: ast.AST | None) -> bool:
+        return expr is not None and any(
+            isinstance(n, ast.Name) and n.id in names for n in ast.walk(expr)
+        )
+
+    for other in ast.walk(function):
+        if isinstance(other, (ast.Return, ast.Yield, ast.YieldFrom)) and mentions(other.value):
+            return True
+        if (
+            isinstance(other, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+            and mentions(other.value)
+            and any(
+                not isinstance(t, ast.Name)
+                for t in (other.targets if isinstance(other, ast.Assign) else [other.target])
+            )
+        ):
+            return True
+        if isinstance(other, ast.Call) and not (facts.call_qualname(other) or "").startswith(
+            "torch."
+        ):
+            arguments = [*other.args, *(k.value for k in other.keywords)]
+            if any(isinstance(a, ast.Name) and a.id in names for a in arguments):
+                return True
+    return False
+
+
+def _built_once(facts: Facts, call: ast.Call) -> bool:
+    """`self.head = nn.Linear(...)` under an `if` that tests `self.head` (`is None`,
+    `not hasattr(self, "head")`): the layer is built on the first call and kept."""
+    node: ast.AST = call
+    stmt = facts.parents.get(node)
+    # `self.head = nn.Linear(...).to(x.device)`: follow the method chain on the new layer.
+    while isinstance(stmt, ast.Attribute) or (isinstance(stmt, ast.Call) and stmt.func is node):
+        node = stmt
+        stmt = facts.parents.get(node)
+    if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1:
+        return False
+    target = stmt.targets[0]
+    if not (
+        isinstance(target, ast.Attribute)
+        and isinstance(target.value, ast.Name)
+        and target.value.id == "self"
+    ):
+        return False
+    current = facts.parents.get(stmt)
+    while current is not None and not isinstance(current, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if isinstance(current, ast.If):
+            for node in ast.walk(current.test):
+                if isinstance(node, ast.Attribute) and node.attr == target.attr:
+                    return True
+                if isinstance(node, ast.Constant) and node.value == target.attr:
+                    return True  # hasattr(self, "head")
+        current = facts.parents.get(current)
+    return False
+
+
+def _fresh_parameter(facts: Facts, call: ast.Call) -> bool:
+    """`nn.Parameter(torch.randn(...))` whose parameter is used and dropped in the call."""
+    qualname = facts.call_qualname(call) or ""
+    if qualname not in ("torch.nn.Parameter", "torch.nn.parameter.Parameter") or not call.args:
+        return False
+    data = call.args[0]
+    if not isinstance(data, ast.Call):
+        return False
+    made = facts.call_qualname(data) or ""
+    if not made.startswith("torch.") or made.rsplit(".", 1)[-1] not in FRESH_TENSORS:
+        return False
+    return not _kept_on_module(facts, call)
 
 
 def _rebound_here(facts: Facts, call: ast.Call) -> bool:
@@ -117,7 +255,12 @@ def layer_created_in_forward(facts: Facts) -> Iterator[Hit]:
     ## What it catches
     A module with parameters (`nn.Linear`, convolutions, norms, embeddings, RNNs, an
     `nn.Sequential` of them, or an in-file module that builds them) constructed inside
-    `forward`, or inside a method that only `forward` calls. A method under a decorator of
+    `forward`, or inside a method that only `forward` calls, including a subclass's method
+    that an inherited `forward` calls (`self.decode(...)` in the base class, in this file or
+    another); also a fresh `nn.Parameter(torch.randn(...))` made in `forward` and only used
+    there (one stored on the module, `self.w = nn.Parameter(...)`, or returned, is not
+    reported). A layer built once and kept (`if self.head is None: self.head = nn.Linear(...)`)
+    is not reported. A method under a decorator of
     the project's own (one that may build the layer once and cache it on the module, like
     `@singleton("projector")`) is not reported.
 
@@ -149,7 +292,16 @@ def layer_created_in_forward(facts: Facts) -> Iterator[Hit]:
             for call in facts.calls_in(method):
                 if any(facts.is_inside(call, outer) for outer in reported):
                     continue  # a layer inside an already reported nn.Sequential(...)
-                if _builds_parameters(facts, call):
+                if _fresh_parameter(facts, call):
+                    where = "forward" if method.name == "forward" else f"{method.name}()"
+                    yield Hit(
+                        call,
+                        f"`{facts.source.segment(call.func)}` is created in {where}: a new "
+                        "random parameter on every call, never registered or trained; create "
+                        "it in __init__ as `self.<name> = nn.Parameter(...)`",
+                    )
+                    continue
+                if _builds_parameters(facts, call) and not _built_once(facts, call):
                     reported.append(call)
                     where = "forward" if method.name == "forward" else f"{method.name}()"
                     yield Hit(

@@ -17,6 +17,28 @@ from torchls.analysis.rules._checkpoints import SAVE
 from torchls.analysis.rules._edits import replace_node
 
 
+def _module_on_every_branch(facts: Facts, target: ast.expr) -> bool:
+    """Every binding of the name `target` in its function is a module built in sight
+    (`net = Net()`) or the result of `torch.load(...)` (a run resumed from a whole pickled
+    module), and one of them is the former: `net = Net() if fresh else torch.load(path)`
+    in two branches."""
+    if not isinstance(target, ast.Name):
+        return False
+    bindings = facts.assignments_of(target.id, facts.scope(target))
+    built = False
+    for binding in bindings:
+        value = binding.value
+        if binding.index is not None or binding.loop is not None or value is None:
+            return False
+        if isinstance(value, ast.Call) and facts.call_qualname(value) == "torch.load":
+            continue
+        kind = facts.kind_of(value)
+        if kind is None or kind.kind != "model" or kind.by_name:
+            return False
+        built = True
+    return built
+
+
 @rule(
     "TL305",
     "saving-whole-module",
@@ -29,8 +51,9 @@ def saving_whole_module(facts: Facts) -> Iterator[Hit]:
     ## What it catches
     `torch.save(model, path)` where `model` is an `nn.Module`: built from a module class in
     sight, or a parameter annotated as one; also the network a parallel wrapper holds
-    (`torch.save(net.module, path)`). A name alone (`model_state = model.state_dict()`)
-    decides nothing.
+    (`torch.save(net.module, path)`), and a name that is either such a module or, when the
+    run resumes, what `torch.load` returned (`net = Net()` / `net = torch.load(path)`). A
+    name alone (`model_state = model.state_dict()`) decides nothing.
 
     ## Why it is wrong
     Pickling the module stores a reference to its class and module path, not just tensors.
@@ -56,8 +79,10 @@ def saving_whole_module(facts: Facts) -> Iterator[Hit]:
             isinstance(target, ast.Attribute) and target.attr == "module"
         ):
             kind = facts.kind_of(target.value)  # `net.module` of a DataParallel-wrapped net
-        if kind is None or kind.kind != "model" or kind.by_name:
+        if (kind is None or kind.by_name) and not _module_on_every_branch(facts, target):
             continue  # a name like `model_state` says nothing about what is saved
+        if kind is not None and kind.kind != "model":
+            continue
         text = facts.source.segment(target)
         yield Hit(
             target,

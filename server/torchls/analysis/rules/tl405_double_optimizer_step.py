@@ -38,6 +38,46 @@ def run_together(facts: Facts, first: ast.AST, second: ast.AST) -> bool:
     )
 
 
+_LEAVES = (ast.Return, ast.Continue, ast.Break, ast.Raise)
+
+
+def stepped_again(facts: Facts, first: ast.Call, second: ast.Call) -> bool:
+    """`second` (a plain step of the same optimizer, later in the same function) always runs
+    after `first` in the same iteration, with no backward() in between: `first` sits under
+    `if`/`with` blocks of the loop body that `second` follows unconditionally, and nothing
+    between them leaves the iteration (`continue`, `return`, ...)."""
+    if facts.scope(first) is not facts.scope(second) or first.lineno >= second.lineno:
+        return False
+    ancestor = _lowest_common_ancestor(facts, first, second)
+    if ancestor is None or isinstance(ancestor, _BRANCHING):
+        return False
+    if not _path_unconditional(facts, second, ancestor):
+        return False
+    loops = facts.enclosing_loops(first)
+    if not loops or facts.enclosing_loops(second)[:1] != loops[:1]:
+        return False  # not one iteration of a training loop (a test stepping on purpose)
+    if not facts.is_inside(loops[0], ancestor) and loops[0] is not ancestor:
+        return False
+    branched = False
+    current = facts.parents.get(first)
+    while current is not None and current is not ancestor:
+        if not isinstance(current, (ast.If, ast.With, ast.AsyncWith, ast.Expr)):
+            return False  # a loop or `try` around the first step: it may run 0 or n times
+        branched = branched or isinstance(current, ast.If)
+        current = facts.parents.get(current)
+    if current is None or not branched:
+        return False  # the accumulation branch's step, then the leftover one
+    for node in facts.walk_local(facts.scope(first)):
+        line = getattr(node, "lineno", 0)
+        if not first.end_lineno < line < second.lineno:  # type: ignore[operator]
+            continue
+        if isinstance(node, (*_LEAVES, ast.Yield, ast.Await)):
+            return False
+        if isinstance(node, ast.Call) and facts.reaches(node, facts.is_backward):
+            return False
+    return True
+
+
 @rule(
     "TL405",
     "double-optimizer-step",
@@ -49,7 +89,9 @@ def double_optimizer_step(facts: Facts) -> Iterator[Hit]:
     ## What it catches
     The same optimizer stepped twice in one iteration: once through the GradScaler
     (`scaler.step(optimizer)`) and once directly (`optimizer.step()`), with no branch between
-    them (the usual `if use_amp: scaler.step(opt) else: opt.step()` is fine).
+    them (the usual `if use_amp: scaler.step(opt) else: opt.step()` is fine); also a plain
+    `optimizer.step()` under an `if` of the loop body (an accumulation branch) followed,
+    unconditionally and with no backward() in between, by another `optimizer.step()`.
 
     ## Why it is wrong
     `scaler.step(optimizer)` already calls `optimizer.step()` (unless it skips the step
@@ -69,6 +111,19 @@ def double_optimizer_step(facts: Facts) -> Iterator[Hit]:
     Keep only `scaler.step(optimizer)` when mixed precision is on. No automatic fix.
     """
     steps = method_calls(facts, "step")
+    plain = [c for c in steps if is_plain_optimizer_step(facts, c)]
+    for first in plain:
+        key = facts.key(facts.receiver(first))
+        for second in plain:
+            if key is not None and facts.key(facts.receiver(second)) == key:
+                if stepped_again(facts, first, second):
+                    yield Hit(
+                        second,
+                        f"`{key}` is stepped again here after its step on line "
+                        f"{first.lineno}, with no backward() in between: the update is "
+                        "applied twice (or on just-zeroed gradients)",
+                    )
+                    break
     scaler_steps = [c for c in steps if is_scaler_call(facts, c, "step") and c.args]
     if not scaler_steps:
         return
