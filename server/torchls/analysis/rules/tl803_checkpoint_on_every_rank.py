@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
+from pathlib import Path
 
 from torchls.analysis.facts import Facts, FunctionNode
+from torchls.analysis.findings import Related
 from torchls.analysis.ranks import mentions_rank
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._distributed import MAX_DEPTH, _decorated_rank_zero
@@ -56,8 +58,9 @@ def _early_rank_exit(facts: Facts, function: FunctionNode, node: ast.AST) -> boo
     return False
 
 
-def _rank_guarded(facts: Facts, node: ast.AST, depth: int = 0) -> bool:
-    """True when `node` may run on one process only (or we cannot tell)."""
+def _locally_guarded(facts: Facts, node: ast.AST) -> bool:
+    """Inside its own function, `node` runs on one process only: under a rank test, after an
+    early rank exit, or in a function decorated to run on rank 0."""
     current = facts.parents.get(node)
     while current is not None and not isinstance(
         current, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
@@ -68,15 +71,38 @@ def _rank_guarded(facts: Facts, node: ast.AST, depth: int = 0) -> bool:
             return True
         current = facts.parents.get(current)
     function = facts.enclosing_function(node)
+    return function is not None and (
+        _decorated_rank_zero(function) or _early_rank_exit(facts, function, node)
+    )
+
+
+def _runs_on_every_rank(facts: Facts, function: FunctionNode) -> bool:
+    """`function` is run by every process: it wraps a model in `DistributedDataParallel` (a
+    collective that all ranks must enter) or runs the training batch loop, which every rank
+    of a data-parallel job runs, whoever calls it."""
+    for call in facts.calls_in(function):
+        qualname = facts.call_qualname(call) or ""
+        if qualname.startswith("torch.nn.parallel") and qualname.endswith(
+            "DistributedDataParallel"
+        ):
+            return True
+    return facts.contains_training_batch_loop(function) or facts.calls_training_helper(function)
+
+
+def _rank_guarded(facts: Facts, node: ast.AST, depth: int = 0) -> bool:
+    """True when `node` may run on one process only (or we cannot tell)."""
+    if _locally_guarded(facts, node):
+        return True
+    function = facts.enclosing_function(node)
     if function is None:
         return False
-    if _decorated_rank_zero(function) or _early_rank_exit(facts, function, node):
-        return True
     if depth >= MAX_DEPTH:
         return True
     sites = facts.call_sites(function)
     if not sites:
-        return not _spawned(facts, function)  # unknown callers: stay quiet
+        # Unknown callers: stay quiet, unless the function is a process's entry point or
+        # the training run itself.
+        return not (_spawned(facts, function) or _runs_on_every_rank(facts, function))
     return all(_rank_guarded(facts, site, depth + 1) for site in sites)
 
 
@@ -115,7 +141,11 @@ def checkpoint_on_every_rank(facts: Facts) -> Iterator[Hit]:
     `DistributedDataParallel`), a `torch.save(...)` that every rank executes: not under an
     `if rank == 0:`-style check, not after an early `if rank != 0: return`, not in a function
     decorated `@rank_zero_only` or only called under such a check. Saves whose file name
-    contains the rank (per-rank shards) are not reported.
+    contains the rank (per-rank shards) are not reported. A function with no caller in the
+    file counts as run by every rank when it wraps the model in DDP or runs the training
+    loop. A call, run by every rank, of a project function in another file (a
+    `save_training_state(...)` helper) whose own `torch.save` has no rank check is reported
+    at the call.
 
     ## Why it is wrong
     Every process writes the same file at the same moment: N concurrent writers truncate and
@@ -144,4 +174,36 @@ def checkpoint_on_every_rank(facts: Facts) -> Iterator[Hit]:
             call,
             "`torch.save` runs on every rank of this distributed script: the processes write "
             "the same file at once; save under `if rank == 0:` (e.g. `dist.get_rank() == 0`)",
+        )
+    yield from _saving_helpers(facts)
+
+
+def _saving_helpers(facts: Facts) -> Iterator[Hit]:
+    """Calls, on every rank, of another file's function that saves with no rank check."""
+    for call in facts.project_calls:
+        target = facts.callee(call)
+        if target is None or target[0] is facts:
+            continue
+        owner, function, _ = target
+        saves = sorted(
+            (
+                save
+                for save in owner.calls_to("torch.save")
+                if owner.enclosing_function(save) is function
+                and not _locally_guarded(owner, save)
+                and not _per_rank_path(owner, save)
+            ),
+            key=lambda save: (save.lineno, save.col_offset),
+        )
+        if not saves or _rank_guarded(facts, call):
+            continue
+        if _distributed_script(owner) and not _rank_guarded(owner, saves[0]):
+            continue  # reported in its own file
+        yield Hit(
+            call,
+            f"`{facts.source.segment(call.func)}` runs `torch.save` ({Path(owner.filename).name} "
+            f"line {saves[0].lineno}) on "
+            "every rank of this distributed script: the processes write the same files at "
+            "once; call it under `if rank == 0:` (e.g. `dist.get_rank() == 0`)",
+            related=(Related(owner.source.span(saves[0]), "saved here", owner.filename),),
         )
