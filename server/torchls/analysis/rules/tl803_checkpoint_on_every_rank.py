@@ -14,9 +14,13 @@ from pathlib import Path
 
 from torchls.analysis.facts import Facts, FunctionNode
 from torchls.analysis.findings import Related
+from torchls.analysis.queries.vocabulary import argument_at, parameter_default
 from torchls.analysis.ranks import mentions_rank
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._distributed import MAX_DEPTH, _decorated_rank_zero
+
+# Calls that build a file object in memory: a save into one writes nothing to disk.
+IN_MEMORY_FILES = {"BytesIO"}
 
 # Calls that start a process running the function they are given.
 PROCESS_STARTERS = {"spawn", "start_processes", "Process"}
@@ -107,11 +111,54 @@ def _rank_guarded(facts: Facts, node: ast.AST, depth: int = 0) -> bool:
 
 
 def _per_rank_path(facts: Facts, call: ast.Call) -> bool:
-    """The file name mentions the rank: each process writes its own file (a shard)."""
+    """The file name mentions the rank: each process writes its own file (a shard); or the
+    destination is an in-memory buffer (`io.BytesIO()`), which writes no file at all."""
     path = next((k.value for k in call.keywords if k.arg == "f"), None)
     if path is None and len(call.args) > 1:
         path = call.args[1]
-    return path is not None and _mentions_rank_through_names(facts, path)
+    if path is None:
+        return False
+    buffer = facts.binding_value(path) if isinstance(path, ast.Name) else path
+    if isinstance(buffer, ast.Call) and facts.short_name(buffer) in IN_MEMORY_FILES:
+        return True
+    return _mentions_rank_through_names(facts, path)
+
+
+def _skipped_for_call(
+    owner: Facts, function: FunctionNode, save: ast.Call, call: ast.Call, bound: bool
+) -> bool:
+    """`save` sits under `if <param>:` / `if <param> is not None:` in `function`, and `call`
+    leaves that parameter at a `None`/`False` default: the save does not run for this call
+    (`lm_checkpoint(cfg, save_dir=d)` loading, where `lm_checkpoint(cfg, model=m)` saves)."""
+    child: ast.AST = save
+    current = owner.parents.get(save)
+    while current is not None and current is not function:
+        if isinstance(current, ast.If) and any(child is s for s in current.body):
+            test = current.test
+            name = None
+            if isinstance(test, ast.Name):
+                name = test.id
+            elif (
+                isinstance(test, ast.Compare)
+                and isinstance(test.left, ast.Name)
+                and len(test.ops) == 1
+                and isinstance(test.ops[0], ast.IsNot)
+                and isinstance(test.comparators[0], ast.Constant)
+                and test.comparators[0].value is None
+            ):
+                name = test.left.id
+            if name is not None:
+                told, value = argument_at(call, function, name, bound)
+                default = parameter_default(function, name)
+                if (
+                    told
+                    and value is None
+                    and isinstance(default, ast.Constant)
+                    and default.value in (None, False)
+                ):
+                    return True
+        child, current = current, owner.parents.get(current)
+    return False
 
 
 def _mentions_rank_through_names(facts: Facts, expr: ast.AST, depth: int = 0) -> bool:
@@ -141,11 +188,12 @@ def checkpoint_on_every_rank(facts: Facts) -> Iterator[Hit]:
     `DistributedDataParallel`), a `torch.save(...)` that every rank executes: not under an
     `if rank == 0:`-style check, not after an early `if rank != 0: return`, not in a function
     decorated `@rank_zero_only` or only called under such a check. Saves whose file name
-    contains the rank (per-rank shards) are not reported. A function with no caller in the
-    file counts as run by every rank when it wraps the model in DDP or runs the training
-    loop. A call, run by every rank, of a project function in another file (a
-    `save_training_state(...)` helper) whose own `torch.save` has no rank check is reported
-    at the call.
+    contains the rank (per-rank shards) and saves into an in-memory buffer (`io.BytesIO()`)
+    are not reported. A function with no caller in the file counts as run by every rank
+    when it wraps the model in DDP or runs the training loop. A call, run by every rank, of
+    a project function in another file (a `save_training_state(...)` helper) whose own
+    `torch.save` has no rank check is reported at the call, unless that save only runs for
+    an argument the call leaves at its `None` default (`if model is not None: ...`).
 
     ## Why it is wrong
     Every process writes the same file at the same moment: N concurrent writers truncate and
@@ -184,7 +232,7 @@ def _saving_helpers(facts: Facts) -> Iterator[Hit]:
         target = facts.callee(call)
         if target is None or target[0] is facts:
             continue
-        owner, function, _ = target
+        owner, function, bound = target
         saves = sorted(
             (
                 save
@@ -192,6 +240,7 @@ def _saving_helpers(facts: Facts) -> Iterator[Hit]:
                 if owner.enclosing_function(save) is function
                 and not _locally_guarded(owner, save)
                 and not _per_rank_path(owner, save)
+                and not _skipped_for_call(owner, function, save, call, bound)
             ),
             key=lambda save: (save.lineno, save.col_offset),
         )
