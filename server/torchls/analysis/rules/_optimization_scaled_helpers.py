@@ -115,3 +115,31 @@ def _clip_before_step(owner: Facts, function: FunctionNode, parameter: str) -> a
         if clip is not None and on_parameter and name == "step" and call.args:
             return clip
     return None
+
+
+def scaled_by_callers(facts: Facts, clip: ast.Call) -> list[tuple[Facts, ast.Call]]:
+    """For a clip in a function that later steps with a scaler parameter it never unscales:
+    (facts, scaled backward) in each caller (this file or another) that scales the loss with
+    the scaler it passes and makes this call next (what `helpers_clipping_scaled` finds from
+    the caller's side)."""
+    function = facts.enclosing_function(clip)
+    if function is None:
+        return []
+    args = function.args
+    parameters = [a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]]
+    if not any(_clip_before_step(facts, function, p) is clip for p in parameters):
+        return []
+    sites = [(facts, site) for site in facts.call_sites(function)]
+    sites += facts.calls_from_other_files(function)
+    found = []
+    for other, site in sites:
+        scope = other.enclosing_function(site) or other.tree
+        for backward in other.calls_in(scope):
+            if position(backward) >= position(site) or not scaled_backward(other, backward):
+                continue
+            scaler = other.receiver(other.receiver(backward))  # type: ignore[arg-type]
+            if scaler is not None and any(
+                call is site for call, _, _ in helpers_clipping_scaled(other, backward, scaler)
+            ):
+                found.append((other, backward))
+    return found

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
+from pathlib import Path
 
 from torchls.analysis.facts import Facts
 from torchls.analysis.findings import Fix, Related
@@ -29,6 +30,7 @@ from torchls.analysis.rules._optimization import (
 from torchls.analysis.rules._optimization_scaled_helpers import (
     helpers_clipping_scaled,
     scaled_backward,
+    scaled_by_callers,
 )
 
 
@@ -55,7 +57,8 @@ def clip_scaled_gradients(facts: Facts) -> Iterator[Hit]:
     `scaler.step(optimizer)` with no `scaler.unscale_(optimizer)` before the clip. Also when
     the clip and the step sit in a project function (another file included, e.g. an updater
     object's method built in `__init__`) that the scaled backward's function calls next with
-    the same scaler, and that function never unscales it: the finding is on that call.
+    the same scaler, and that function never unscales it: the finding is on that call, and
+    on the clip itself when the callers of its function can be found.
 
     ## Why it is wrong
     After a scaled backward the gradients are multiplied by the loss scale (65536 at the
@@ -84,6 +87,7 @@ def clip_scaled_gradients(facts: Facts) -> Iterator[Hit]:
         here = position(clip)
         backwards = [c for c in calls if position(c) < here and scaled_backward(facts, c)]
         if not backwards:
+            yield from _clip_of_scaled_callers(facts, clip)
             continue
         last_backward = backwards[-1]
         scaler = facts.receiver(facts.receiver(last_backward))  # type: ignore[arg-type]
@@ -129,6 +133,25 @@ def clip_scaled_gradients(facts: Facts) -> Iterator[Hit]:
             None if between else _insert_unscale(facts, clip, steps),
         )
     yield from _helper_clips(facts)
+
+
+def _clip_of_scaled_callers(facts: Facts, clip: ast.Call) -> Iterator[Hit]:
+    """A clip in a helper whose callers hand it gradients they scaled."""
+    for owner, backward in scaled_by_callers(facts, clip)[:1]:
+        where = Path(owner.filename).name if owner is not facts else "this file"
+        yield Hit(
+            clip,
+            f"`{facts.source.segment(clip.func)}` clips gradients that the caller scaled "
+            f"({where}, line {backward.lineno}) and that are still multiplied by the loss "
+            "scale; call `scaler.unscale_(optimizer)` first",
+            related=(
+                Related(
+                    owner.source.span(backward),
+                    "loss scaled here",
+                    owner.filename if owner is not facts else None,
+                ),
+            ),
+        )
 
 
 def _helper_clips(facts: Facts) -> Iterator[Hit]:
