@@ -155,6 +155,47 @@ class ObjectModel:
                 return klass.facts, found
         return None
 
+    def object_method(self, call: ast.Call) -> tuple[Facts, FunctionNode] | None:
+        """The definition `self.helper.m(...)` or `helper.m(...)` runs when every value the
+        receiver may hold is the construction of one project class (`self.helper =
+        Helper(...)`, another file included) that defines `m` (or inherits it), a `None`
+        placeholder aside (`self.helper = None` before it is built: no method of `None` runs);
+        None when a value is anything else (a parameter, a factory's result)."""
+        func = call.func
+        if not isinstance(func, ast.Attribute) or _on_self(func):
+            return None
+        values = self.values(func.value)
+        if not values:
+            return None
+        answers: dict[tuple[int, int], tuple[Facts, FunctionNode]] = {}
+        for value in values:
+            built = value.expr
+            if isinstance(built, ast.Constant) and built.value is None:
+                continue
+            if not isinstance(built, ast.Call):
+                return None
+            target = value.facts.callee(built)
+            if target is None or target[1].name != "__init__":
+                return None
+            owner, init, _ = target
+            klass = owner.parents.get(init)
+            info = owner.classes.get(klass.name) if isinstance(klass, ast.ClassDef) else None
+            if info is None:
+                return None
+            lineage = owner.get(ObjectModel).lineage(ClassRef(owner, info))
+            method = next(
+                (
+                    (ref.facts, ref.info.methods[func.attr])
+                    for ref in lineage
+                    if func.attr in ref.info.methods
+                ),
+                None,
+            )
+            if method is None:
+                return None
+            answers[(id(method[0]), method[1].lineno)] = method
+        return next(iter(answers.values())) if len(answers) == 1 else None
+
     # ------------------------------------------------------------ tuple returns
     def returned_element(self, call: ast.Call, index: int) -> list[Value] | None:
         """What position `index` of the tuple a project function (or a `self` method)

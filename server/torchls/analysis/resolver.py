@@ -353,6 +353,12 @@ class Workspace:
                     continue
                 target = other.callee(call)
                 if target is None and isinstance(func, ast.Attribute):
+                    # `self.updater.step(...)` with `self.updater = Updater(...)`.
+                    from torchls.analysis.objects import ObjectModel
+
+                    method = other.get(ObjectModel).object_method(call)
+                    target = (method[0], method[1], True) if method is not None else None
+                if target is None and isinstance(func, ast.Attribute):
                     return None  # `evaluator.evaluate(model)` of an object we cannot name
                 if (
                     target is not None

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 from torchls.analysis.facts import Facts
 from torchls.analysis.findings import Fix
+from torchls.analysis.objects import ObjectModel
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._edits import insert_line_after
 from torchls.analysis.rules._optimization import (
@@ -25,7 +26,11 @@ from torchls.analysis.rules._optimization import (
     owns_lines,
     statement_text,
 )
-from torchls.analysis.schedulers import constructor_related, schedule_design, scheduler_type
+from torchls.analysis.schedulers import (
+    constructor_related,
+    schedule_design,
+    scheduler_constructors,
+)
 
 
 def _per_batch_loop(facts: Facts, call: ast.Call) -> ast.AST | None:
@@ -96,7 +101,9 @@ def epoch_scheduler_stepped_per_batch(facts: Facts) -> Iterator[Hit]:
     count, `CyclicLR`) stepped once per epoch. Warmup `LambdaLR`s, HF schedules and any
     schedule sized in steps (`T_max=epochs * len(loader)`) are per-batch by design and are not
     reported; when the unit of the schedule cannot be told, nothing is reported. A scheduler
-    that a training function receives as a parameter is the one its in-file callers pass.
+    that a training function receives as a parameter is the one its in-file callers pass; one
+    chosen among several types (`StepLR` or `MultiStepLR` by a config branch) is reported when
+    every type is stepped at the same, wrong, rate.
 
     ## Why it is wrong
     A schedule's length is counted in calls to `step()`. A `StepLR(step_size=30)` meant as
@@ -122,10 +129,13 @@ def epoch_scheduler_stepped_per_batch(facts: Facts) -> Iterator[Hit]:
     for call in method_calls(facts, "step"):
         if not is_scheduler_step(facts, call):
             continue
-        found = scheduler_type(facts, facts.receiver(call))
-        if found is None:
+        # Every binding must be a known scheduler; several types (chosen by a config
+        # branch) count when they are all meant to be stepped at the same rate.
+        constructors = scheduler_constructors(facts, facts.receiver(call))
+        if not constructors:
             continue
-        name, constructors = found
+        model = facts.get(ObjectModel)
+        name = "/".join(sorted({model.owner_of(c).short_name(c) for c in constructors}))
         designs = {schedule_design(facts, c) for c in constructors}
         if len(designs) != 1:
             continue

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
+from pathlib import Path
 
 from torchls.analysis.facts import Facts
-from torchls.analysis.findings import Fix
+from torchls.analysis.findings import Fix, Related
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._edits import insert_line_before
 from torchls.analysis.rules._optimization import (
@@ -26,14 +27,11 @@ from torchls.analysis.rules._optimization import (
     owns_lines,
     position,
 )
-
-
-def _scaled_backward(facts: Facts, call: ast.Call) -> bool:
-    """`scaler.scale(loss).backward()`."""
-    if facts.method_name(call) != "backward":
-        return False
-    inner = facts.receiver(call)
-    return isinstance(inner, ast.Call) and is_scaler_call(facts, inner, "scale")
+from torchls.analysis.rules._optimization_scaled_helpers import (
+    helpers_clipping_scaled,
+    scaled_backward,
+    scaled_by_callers,
+)
 
 
 def _scaler_disabled(facts: Facts, scaler: ast.expr | None) -> bool:
@@ -56,7 +54,11 @@ def clip_scaled_gradients(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
     `clip_grad_norm_` / `clip_grad_value_` called between `scaler.scale(loss).backward()` and
-    `scaler.step(optimizer)` with no `scaler.unscale_(optimizer)` before the clip.
+    `scaler.step(optimizer)` with no `scaler.unscale_(optimizer)` before the clip. Also when
+    the clip and the step sit in a project function (another file included, e.g. an updater
+    object's method built in `__init__`) that the scaled backward's function calls next with
+    the same scaler, and that function never unscales it: the finding is on that call, and
+    on the clip itself when the callers of its function can be found.
 
     ## Why it is wrong
     After a scaled backward the gradients are multiplied by the loss scale (65536 at the
@@ -83,8 +85,9 @@ def clip_scaled_gradients(facts: Facts) -> Iterator[Hit]:
         scope = facts.enclosing_function(clip) or facts.tree
         calls = facts.calls_in(scope)
         here = position(clip)
-        backwards = [c for c in calls if position(c) < here and _scaled_backward(facts, c)]
+        backwards = [c for c in calls if position(c) < here and scaled_backward(facts, c)]
         if not backwards:
+            yield from _clip_of_scaled_callers(facts, clip)
             continue
         last_backward = backwards[-1]
         scaler = facts.receiver(facts.receiver(last_backward))  # type: ignore[arg-type]
@@ -103,7 +106,7 @@ def clip_scaled_gradients(facts: Facts) -> Iterator[Hit]:
                 position(c)
                 for c in calls
                 if position(c) > here
-                and _scaled_backward(facts, c)
+                and scaled_backward(facts, c)
                 and _path_unconditional(facts, c, _lowest_common_ancestor(facts, c, clip))
             ),
             None,
@@ -121,7 +124,7 @@ def clip_scaled_gradients(facts: Facts) -> Iterator[Hit]:
         # An optional scaled backward between the clip and the step adds scaled gradients
         # after an unscale_() inserted here: the fix would be wrong, the finding is not.
         between = any(
-            here < position(c) < position(steps[0]) and _scaled_backward(facts, c) for c in calls
+            here < position(c) < position(steps[0]) and scaled_backward(facts, c) for c in calls
         )
         yield Hit(
             clip,
@@ -129,6 +132,47 @@ def clip_scaled_gradients(facts: Facts) -> Iterator[Hit]:
             "the loss scale; call `scaler.unscale_(optimizer)` first",
             None if between else _insert_unscale(facts, clip, steps),
         )
+    yield from _helper_clips(facts)
+
+
+def _clip_of_scaled_callers(facts: Facts, clip: ast.Call) -> Iterator[Hit]:
+    """A clip in a helper whose callers hand it gradients they scaled."""
+    for owner, backward in scaled_by_callers(facts, clip)[:1]:
+        where = Path(owner.filename).name if owner is not facts else "this file"
+        yield Hit(
+            clip,
+            f"`{facts.source.segment(clip.func)}` clips gradients that the caller scaled "
+            f"({where}, line {backward.lineno}) and that are still multiplied by the loss "
+            "scale; call `scaler.unscale_(optimizer)` first",
+            related=(
+                Related(
+                    owner.source.span(backward),
+                    "loss scaled here",
+                    owner.filename if owner is not facts else None,
+                ),
+            ),
+        )
+
+
+def _helper_clips(facts: Facts) -> Iterator[Hit]:
+    """The scaled gradients handed to a helper that clips them before `scaler.step`."""
+    for backward in facts.calls:
+        if not scaled_backward(facts, backward):
+            continue
+        scaler = facts.receiver(facts.receiver(backward))  # type: ignore[arg-type]
+        if scaler is None or _scaler_disabled(facts, scaler):
+            continue
+        for call, owner, clip in helpers_clipping_scaled(facts, backward, scaler):
+            filename = owner.filename if owner is not facts else None
+            yield Hit(
+                call,
+                f"`{facts.source.segment(call.func)}` clips the gradients scaled by "
+                f"`{facts.source.segment(scaler)}` (line {backward.lineno}) before "
+                "`scaler.step` without `unscale_()`: the clip compares the norm of "
+                "gradients multiplied by the loss scale; call `scaler.unscale_(optimizer)` "
+                "before clipping",
+                related=(Related(owner.source.span(clip), "clipped here", filename),),
+            )
 
 
 def _insert_unscale(facts: Facts, clip: ast.Call, steps: list[ast.Call]) -> Fix | None:

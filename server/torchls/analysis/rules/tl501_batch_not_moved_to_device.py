@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from torchls.analysis.facts import Facts
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._numerics_host import _host_only_input
+from torchls.analysis.rules._numerics_quantized import unmoved_tokens
 
 MOVE_METHODS = {"to", "cuda"}
 
@@ -58,7 +59,10 @@ def batch_not_moved_to_device(facts: Facts) -> Iterator[Hit]:
     nor one from a loader whose in-file `collate_fn` returns every tensor already moved, nor
     one from detectron2's `build_detection_*_loader` (a list of per-image dicts, which the
     detection model moves itself), nor batches from a list the code built itself (a literal
-    or a comprehension of slices: not a loader's host tensors).
+    or a comprehension of slices: not a loader's host tensors). Also a model that loading
+    itself puts on the GPU (`from_pretrained` with a bitsandbytes 4- or 8-bit
+    `quantization_config` and no `device_map`), even in `__init__` of a wrapper class, given
+    a tokenizer's `return_tensors="pt"` output unmoved in another method.
 
     ## Why it is wrong
     On a GPU this fails at the first batch ("Expected all tensors to be on the same device"),
@@ -76,6 +80,13 @@ def batch_not_moved_to_device(facts: Facts) -> Iterator[Hit]:
     `x, y = x.to(device), y.to(device)` at the start of the loop body (or
     `non_blocking=True` with pinned memory). No automatic fix.
     """
+    for argument, key, load in unmoved_tokens(facts):
+        yield Hit(
+            argument,
+            f"`{argument.id}` holds the tokenizer's CPU tensors and is passed to `{key}`, which "
+            f"loading put on the GPU on line {load.lineno} (quantized, no `device_map`), "
+            "without `.to(device)`",
+        )
     moved = _moved_models(facts)
     if not moved:
         return

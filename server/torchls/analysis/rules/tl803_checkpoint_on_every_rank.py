@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
+from pathlib import Path
 
 from torchls.analysis.facts import Facts, FunctionNode
+from torchls.analysis.findings import Related
+from torchls.analysis.queries.vocabulary import argument_at, parameter_default
 from torchls.analysis.ranks import mentions_rank
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._distributed import MAX_DEPTH, _decorated_rank_zero
+
+# Calls that build a file object in memory: a save into one writes nothing to disk.
+IN_MEMORY_FILES = {"BytesIO"}
 
 # Calls that start a process running the function they are given.
 PROCESS_STARTERS = {"spawn", "start_processes", "Process"}
@@ -56,8 +62,9 @@ def _early_rank_exit(facts: Facts, function: FunctionNode, node: ast.AST) -> boo
     return False
 
 
-def _rank_guarded(facts: Facts, node: ast.AST, depth: int = 0) -> bool:
-    """True when `node` may run on one process only (or we cannot tell)."""
+def _locally_guarded(facts: Facts, node: ast.AST) -> bool:
+    """Inside its own function, `node` runs on one process only: under a rank test, after an
+    early rank exit, or in a function decorated to run on rank 0."""
     current = facts.parents.get(node)
     while current is not None and not isinstance(
         current, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
@@ -68,24 +75,90 @@ def _rank_guarded(facts: Facts, node: ast.AST, depth: int = 0) -> bool:
             return True
         current = facts.parents.get(current)
     function = facts.enclosing_function(node)
+    return function is not None and (
+        _decorated_rank_zero(function) or _early_rank_exit(facts, function, node)
+    )
+
+
+def _runs_on_every_rank(facts: Facts, function: FunctionNode) -> bool:
+    """`function` is run by every process: it wraps a model in `DistributedDataParallel` (a
+    collective that all ranks must enter) or runs the training batch loop, which every rank
+    of a data-parallel job runs, whoever calls it."""
+    for call in facts.calls_in(function):
+        qualname = facts.call_qualname(call) or ""
+        if qualname.startswith("torch.nn.parallel") and qualname.endswith(
+            "DistributedDataParallel"
+        ):
+            return True
+    return facts.contains_training_batch_loop(function) or facts.calls_training_helper(function)
+
+
+def _rank_guarded(facts: Facts, node: ast.AST, depth: int = 0) -> bool:
+    """True when `node` may run on one process only (or we cannot tell)."""
+    if _locally_guarded(facts, node):
+        return True
+    function = facts.enclosing_function(node)
     if function is None:
         return False
-    if _decorated_rank_zero(function) or _early_rank_exit(facts, function, node):
-        return True
     if depth >= MAX_DEPTH:
         return True
     sites = facts.call_sites(function)
     if not sites:
-        return not _spawned(facts, function)  # unknown callers: stay quiet
+        # Unknown callers: stay quiet, unless the function is a process's entry point or
+        # the training run itself.
+        return not (_spawned(facts, function) or _runs_on_every_rank(facts, function))
     return all(_rank_guarded(facts, site, depth + 1) for site in sites)
 
 
 def _per_rank_path(facts: Facts, call: ast.Call) -> bool:
-    """The file name mentions the rank: each process writes its own file (a shard)."""
+    """The file name mentions the rank: each process writes its own file (a shard); or the
+    destination is an in-memory buffer (`io.BytesIO()`), which writes no file at all."""
     path = next((k.value for k in call.keywords if k.arg == "f"), None)
     if path is None and len(call.args) > 1:
         path = call.args[1]
-    return path is not None and _mentions_rank_through_names(facts, path)
+    if path is None:
+        return False
+    buffer = facts.binding_value(path) if isinstance(path, ast.Name) else path
+    if isinstance(buffer, ast.Call) and facts.short_name(buffer) in IN_MEMORY_FILES:
+        return True
+    return _mentions_rank_through_names(facts, path)
+
+
+def _skipped_for_call(
+    owner: Facts, function: FunctionNode, save: ast.Call, call: ast.Call, bound: bool
+) -> bool:
+    """`save` sits under `if <param>:` / `if <param> is not None:` in `function`, and `call`
+    leaves that parameter at a `None`/`False` default: the save does not run for this call
+    (`lm_checkpoint(cfg, save_dir=d)` loading, where `lm_checkpoint(cfg, model=m)` saves)."""
+    child: ast.AST = save
+    current = owner.parents.get(save)
+    while current is not None and current is not function:
+        if isinstance(current, ast.If) and any(child is s for s in current.body):
+            test = current.test
+            name = None
+            if isinstance(test, ast.Name):
+                name = test.id
+            elif (
+                isinstance(test, ast.Compare)
+                and isinstance(test.left, ast.Name)
+                and len(test.ops) == 1
+                and isinstance(test.ops[0], ast.IsNot)
+                and isinstance(test.comparators[0], ast.Constant)
+                and test.comparators[0].value is None
+            ):
+                name = test.left.id
+            if name is not None:
+                told, value = argument_at(call, function, name, bound)
+                default = parameter_default(function, name)
+                if (
+                    told
+                    and value is None
+                    and isinstance(default, ast.Constant)
+                    and default.value in (None, False)
+                ):
+                    return True
+        child, current = current, owner.parents.get(current)
+    return False
 
 
 def _mentions_rank_through_names(facts: Facts, expr: ast.AST, depth: int = 0) -> bool:
@@ -115,7 +188,12 @@ def checkpoint_on_every_rank(facts: Facts) -> Iterator[Hit]:
     `DistributedDataParallel`), a `torch.save(...)` that every rank executes: not under an
     `if rank == 0:`-style check, not after an early `if rank != 0: return`, not in a function
     decorated `@rank_zero_only` or only called under such a check. Saves whose file name
-    contains the rank (per-rank shards) are not reported.
+    contains the rank (per-rank shards) and saves into an in-memory buffer (`io.BytesIO()`)
+    are not reported. A function with no caller in the file counts as run by every rank
+    when it wraps the model in DDP or runs the training loop. A call, run by every rank, of
+    a project function in another file (a `save_training_state(...)` helper) whose own
+    `torch.save` has no rank check is reported at the call, unless that save only runs for
+    an argument the call leaves at its `None` default (`if model is not None: ...`).
 
     ## Why it is wrong
     Every process writes the same file at the same moment: N concurrent writers truncate and
@@ -144,4 +222,37 @@ def checkpoint_on_every_rank(facts: Facts) -> Iterator[Hit]:
             call,
             "`torch.save` runs on every rank of this distributed script: the processes write "
             "the same file at once; save under `if rank == 0:` (e.g. `dist.get_rank() == 0`)",
+        )
+    yield from _saving_helpers(facts)
+
+
+def _saving_helpers(facts: Facts) -> Iterator[Hit]:
+    """Calls, on every rank, of another file's function that saves with no rank check."""
+    for call in facts.project_calls:
+        target = facts.callee(call)
+        if target is None or target[0] is facts:
+            continue
+        owner, function, bound = target
+        saves = sorted(
+            (
+                save
+                for save in owner.calls_to("torch.save")
+                if owner.enclosing_function(save) is function
+                and not _locally_guarded(owner, save)
+                and not _per_rank_path(owner, save)
+                and not _skipped_for_call(owner, function, save, call, bound)
+            ),
+            key=lambda save: (save.lineno, save.col_offset),
+        )
+        if not saves or _rank_guarded(facts, call):
+            continue
+        if _distributed_script(owner) and not _rank_guarded(owner, saves[0]):
+            continue  # reported in its own file
+        yield Hit(
+            call,
+            f"`{facts.source.segment(call.func)}` runs `torch.save` ({Path(owner.filename).name} "
+            f"line {saves[0].lineno}) on "
+            "every rank of this distributed script: the processes write the same files at "
+            "once; call it under `if rank == 0:` (e.g. `dist.get_rank() == 0`)",
+            related=(Related(owner.source.span(saves[0]), "saved here", owner.filename),),
         )
