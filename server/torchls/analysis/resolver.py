@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from torchls.analysis.hashing import content_digest
 from torchls.analysis.index import ProjectIndex
+from torchls.analysis.objects import ObjectModel
 from torchls.records import record
 
 if TYPE_CHECKING:
@@ -354,8 +355,6 @@ class Workspace:
                 target = other.callee(call)
                 if target is None and isinstance(func, ast.Attribute):
                     # `self.updater.step(...)` with `self.updater = Updater(...)`.
-                    from torchls.analysis.objects import ObjectModel
-
                     method = other.get(ObjectModel).object_method(call)
                     target = (method[0], method[1], True) if method is not None else None
                 if target is None and isinstance(func, ast.Attribute):
