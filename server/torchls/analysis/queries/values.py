@@ -157,7 +157,69 @@ class ValueQueries:
             module_origins = self._module_call_origins(expr, depth, via)
             if module_origins is not None:
                 return module_origins
+            if isinstance(expr.func, ast.Name) and depth < MAX_DEPTH:
+                handed = self._module_handed_from_other_files(expr, depth, via)
+                if handed is not None:
+                    return handed
         return [Origin(expr, via)]
+
+    def _module_handed_from_other_files(
+        self, call: ast.Call, depth: int, via: tuple[ast.AST, ...]
+    ) -> list[Origin] | None:
+        """`net(images)` with `net` a parameter of a function that no call in this file runs:
+        the outputs of the modules its callers in the project's other files pass for it
+        (`local.train(net=copy.deepcopy(net_glob))` in the script, `net_glob` built as one
+        of several networks). None when a caller's argument cannot be told or is no module
+        whose output can be followed."""
+        func = call.func
+        assert isinstance(func, ast.Name)
+        function = self.parameter_of(func)
+        if function is None or self.call_sites(function):
+            return None
+        sites = self.calls_from_other_files(function)  # type: ignore[attr-defined]
+        if not sites:
+            return None
+        found: list[Origin] = []
+        for other, site in sites:
+            told, argument = argument_at(
+                site, function, func.id, isinstance(site.func, ast.Attribute)
+            )
+            if not told or argument is None:
+                return None
+            inner = other._origins_of_module_value(call, argument, depth + 1, (*via, site))
+            if inner is None:
+                return None
+            found.extend(replace(o, facts=o.facts or other) for o in inner)
+        return found
+
+    def _origins_of_module_value(
+        self, call: ast.Call, value: ast.expr, depth: int, via: tuple[ast.AST, ...]
+    ) -> list[Origin] | None:
+        """Origins of running the module `value` (an expression of this file) holds, through
+        copies and moves (`copy.deepcopy(net).to(device)`) and an `if` choosing the module
+        (`net = A()` / `net = B()`); None when no module output can be followed."""
+        steps = 0
+        while isinstance(value, ast.Call) and steps < MAX_DEPTH:
+            if self.returns_receiver(value) and self.receiver(value) is not None:
+                value = self.receiver(value)  # type: ignore[assignment]
+            elif (self.call_qualname(value) or "") in ("copy.deepcopy", "copy.copy") and value.args:
+                value = value.args[0]
+            else:
+                break
+            steps += 1
+        if isinstance(value, ast.Name):
+            alternatives = self.binding_alternatives(value)
+            if alternatives is not None:
+                if any(a.value is None or a.index is not None or a.loop for a in alternatives):
+                    return None
+                found: list[Origin] = []
+                for alternative in alternatives:
+                    inner = self._module_call_origins(call, depth, via, alternative.value)
+                    if inner is None:
+                        return None
+                    found.extend(_in_branch(inner, alternative.stmt))
+                return found
+        return self._module_call_origins(call, depth, via, value)
 
     def _loop_target_origins(
         self, expr: ast.Name, assignment: Assignment, depth: int, via: tuple[ast.AST, ...]

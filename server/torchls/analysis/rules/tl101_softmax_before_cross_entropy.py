@@ -33,7 +33,9 @@ def softmax_before_cross_entropy(facts: Facts) -> Iterator[Hit]:
     outputs what that module does; a head a method attaches to the module it is handed
     (`module.probe = Probe()` in a callback's set-up hook, the only such assignment in the
     file) is followed into the method of that class that runs it; a row taken by looping
-    over a softmax output is still one.
+    over a softmax output is still one. A network a function is handed only by callers in
+    other project files (`client.fit(net=copy.deepcopy(global_net))` in the script) is what
+    those callers pass.
     A loss passed as a default argument counts, also one a constructor stores on `self`
     (`def __init__(self, loss=nn.CrossEntropyLoss()): self.loss = loss`); a loss name bound
     to different kinds on different paths (CTC in one branch, cross-entropy in the other) is
