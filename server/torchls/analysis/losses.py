@@ -179,6 +179,14 @@ def _loss_object_kind(facts: Facts, func: ast.expr, depth: int = 0) -> ObjectKin
     unknown: which contract applies depends on the path. A parameter is what every call site
     passes for it, or its default (`def train(..., criterion=nn.CrossEntropyLoss())`)."""
     kind = facts.kind_of(func)
+    if isinstance(func, ast.Attribute) and (kind is None or kind.by_name) and depth < 3:
+        # `self.loss = loss` in `__init__(self, loss=nn.CrossEntropyLoss())`: the attribute
+        # holds what the parameter does (what the constructions pass, or its default).
+        held = facts.binding_value(func)
+        if isinstance(held, ast.Name) and facts.parameter_of(held) is not None:
+            found = _loss_object_kind(facts, held, depth + 1)
+            if found is not None and not found.by_name:
+                return found
     if not isinstance(func, ast.Name) or (kind is not None and kind.kind != "loss"):
         return kind  # only names that may hold a loss need the questions below
     if (kind is None or kind.by_name) and func.id not in facts.parameter_names:

@@ -358,6 +358,8 @@ class Workspace:
                     method = other.get(ObjectModel).object_method(call)
                     target = (method[0], method[1], True) if method is not None else None
                 if target is None and isinstance(func, ast.Attribute):
+                    if _module_method(other, func):
+                        continue  # `net.train()` of a module built here: `nn.Module`'s own
                     return None  # `evaluator.evaluate(model)` of an object we cannot name
                 if (
                     target is not None
@@ -535,6 +537,20 @@ def _definition_at(facts: Facts, line: int, name: str) -> Definition | None:
     if info is not None:
         return Definition(facts, info.node)
     return None
+
+
+def _module_method(facts: Facts, func: ast.Attribute) -> bool:
+    """`func` is a method of a module object whose construction is in sight (a torch layer,
+    or a project module class that does not define the method, since `callee` found none):
+    the method is `nn.Module`'s, never a project function."""
+    kind = facts.kind_of(func.value)
+    return (
+        kind is not None
+        and kind.kind == "model"
+        and not kind.by_name
+        and isinstance(kind.node, ast.Call)
+        and facts.constructs_module(kind.node)
+    )
 
 
 def imports_project_names(facts: Facts) -> bool:

@@ -11,9 +11,11 @@ In: the index and kind queries of the same `Facts`. Out: the `ValueQueries` mixi
 from __future__ import annotations
 
 import ast
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 from torchls.analysis.objects import ObjectModel
+from torchls.analysis.queries.tensors import activation_of
 from torchls.analysis.queries.vocabulary import (
     DETACHING_METHODS,
     MAX_DEPTH,
@@ -25,6 +27,7 @@ from torchls.analysis.queries.vocabulary import (
     ClassInfo,
     FunctionNode,
     Origin,
+    argument_at,
 )
 from torchls.records import replace
 
@@ -100,6 +103,8 @@ class ValueQueries:
                 if arguments:
                     # A parameter comes from what its call sites pass (every one of them).
                     return [o for a in arguments for o in self.origins(a, depth + 1, (*via, expr))]
+            if assignment is not None and assignment.loop is not None and depth < MAX_DEPTH:
+                return self._loop_target_origins(expr, assignment, depth, via)
             if assignment is None or assignment.value is None or assignment.loop is not None:
                 return [Origin(expr, via)]
             value = assignment.value
@@ -152,6 +157,82 @@ class ValueQueries:
             module_origins = self._module_call_origins(expr, depth, via)
             if module_origins is not None:
                 return module_origins
+            if isinstance(expr.func, ast.Name) and depth < MAX_DEPTH:
+                handed = self._module_handed_from_other_files(expr, depth, via)
+                if handed is not None:
+                    return handed
+        return [Origin(expr, via)]
+
+    def _module_handed_from_other_files(
+        self, call: ast.Call, depth: int, via: tuple[ast.AST, ...]
+    ) -> list[Origin] | None:
+        """`net(images)` with `net` a parameter of a function that no call in this file runs:
+        the outputs of the modules its callers in the project's other files pass for it
+        (`local.train(net=copy.deepcopy(net_glob))` in the script, `net_glob` built as one
+        of several networks). None when a caller's argument cannot be told or is no module
+        whose output can be followed."""
+        func = call.func
+        assert isinstance(func, ast.Name)
+        function = self.parameter_of(func)
+        if function is None or self.call_sites(function):
+            return None
+        sites = self.calls_from_other_files(function)  # type: ignore[attr-defined]
+        if not sites:
+            return None
+        found: list[Origin] = []
+        for other, site in sites:
+            told, argument = argument_at(
+                site, function, func.id, isinstance(site.func, ast.Attribute)
+            )
+            if not told or argument is None:
+                return None
+            inner = other._origins_of_module_value(call, argument, depth + 1, (*via, site))
+            if inner is None:
+                return None
+            found.extend(replace(o, facts=o.facts or other) for o in inner)
+        return found
+
+    def _origins_of_module_value(
+        self, call: ast.Call, value: ast.expr, depth: int, via: tuple[ast.AST, ...]
+    ) -> list[Origin] | None:
+        """Origins of running the module `value` (an expression of this file) holds, through
+        copies and moves (`copy.deepcopy(net).to(device)`) and an `if` choosing the module
+        (`net = A()` / `net = B()`); None when no module output can be followed."""
+        steps = 0
+        while isinstance(value, ast.Call) and steps < MAX_DEPTH:
+            if self.returns_receiver(value) and self.receiver(value) is not None:
+                value = self.receiver(value)  # type: ignore[assignment]
+            elif (self.call_qualname(value) or "") in ("copy.deepcopy", "copy.copy") and value.args:
+                value = value.args[0]
+            else:
+                break
+            steps += 1
+        if isinstance(value, ast.Name):
+            alternatives = self.binding_alternatives(value)
+            if alternatives is not None:
+                if any(a.value is None or a.index is not None or a.loop for a in alternatives):
+                    return None
+                found: list[Origin] = []
+                for alternative in alternatives:
+                    inner = self._module_call_origins(call, depth, via, alternative.value)
+                    if inner is None:
+                        return None
+                    found.extend(_in_branch(inner, alternative.stmt))
+                return found
+        return self._module_call_origins(call, depth, via, value)
+
+    def _loop_target_origins(
+        self, expr: ast.Name, assignment: Assignment, depth: int, via: tuple[ast.AST, ...]
+    ) -> list[Origin]:
+        """`for row in probs:` with `probs` an activation's output (every origin of it):
+        iterating a tensor yields slices of it, each still that activation's output. Any
+        other loop target (a loader's batch, an element of a list) is its own origin."""
+        loop = assignment.loop
+        if loop is None or not isinstance(loop.target, ast.Name):
+            return [Origin(expr, via)]
+        inner = self.origins(loop.iter, depth + 1, (*via, expr))
+        if inner and all(activation_of(self, o) is not None for o in inner):  # type: ignore[arg-type]
+            return inner
         return [Origin(expr, via)]
 
     def _alternative_origins(
@@ -229,6 +310,11 @@ class ValueQueries:
     ) -> list[Origin] | None:
         """Origins of `module(x)`: the module's forward returns, or its last layer. `bound`:
         the value the called name holds on the path asked about (else its one binding)."""
+        if bound is None and isinstance(call.func, ast.Attribute):
+            several = self.self_attribute_values(call.func)
+            if len(several) > 1:
+                return self._several_module_origins(call, depth, via, several)
+            bound = self._sibling_attribute_value(call.func)
         built = self._module_constructor(call.func, depth, bound)
         if built is not None:
             owner, constructor = built
@@ -247,9 +333,97 @@ class ValueQueries:
             out.extend(self._origins_in(owner, returned, depth, (*via, call)))
         instance = self._module_instance(call, bound)
         if instance is not None:
+            out = self._bind_forward_parameters(call, depth, via, out, *instance)
             kept = [o for o in out if not self._ruled_out_by_flags(o, *instance)]
             out = kept or out
         return out
+
+    def _bind_forward_parameters(
+        self,
+        call: ast.Call,
+        depth: int,
+        via: tuple[ast.AST, ...],
+        origins: list[Origin],
+        owner: Facts,
+        info: ClassInfo,
+        constructor: ast.Call,
+    ) -> list[Origin]:
+        """A wrapper module's forward returns the output of a module it is handed
+        (`def forward(self, x, layer): return layer(self.drop(x))`): at the call `call` of it,
+        that output is the output of the module passed for `layer` there
+        (`self.wrap(x, nn.Sequential(self.fc, self.softmax))`)."""
+        forward = info.methods.get("forward")
+        if forward is None or not self.owns(call) or depth >= MAX_DEPTH:
+            return origins
+        bound: list[Origin] = []
+        for origin in origins:
+            node = origin.node
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and not origin.module_output
+                and (origin.facts or self) is owner
+                and owner.parameter_of(node.func) is forward
+            ):
+                told, argument = argument_at(call, forward, node.func.id, True)
+                if told and argument is not None:
+                    inner = self._module_call_origins(node, depth + 1, (*via, call), argument)
+                    if inner is not None:
+                        bound.extend(inner)
+                        continue
+            bound.append(origin)
+        return bound
+
+    def _several_module_origins(
+        self, call: ast.Call, depth: int, via: tuple[ast.AST, ...], values: list[ast.expr]
+    ) -> list[Origin] | None:
+        """Origins of `self.head(x)` when the class assigns `self.head` more than once (one
+        `nn.Sequential` per arm of an `if` in `__init__`): the outputs of every module it may
+        hold, untagged, so a contract holds only when every one of them breaks it; None when
+        one of them is not a module whose output can be followed."""
+        found: list[Origin] = []
+        for value in values:
+            inner = self._module_call_origins(call, depth + 1, via, value)
+            if inner is None:
+                return None
+            found.extend(inner)
+        return found
+
+    def _sibling_attribute_value(self, expr: ast.Attribute) -> ast.expr | None:
+        """What `module.head` holds when read on a parameter `module` of a method, and the
+        only assignment of a `.head` in this file is `module.head = ...` on a parameter of
+        the same name in a method of the same class (a callback that attaches a head to the
+        module it is handed in one hook and runs it in the others)."""
+        owner = expr.value
+        if not isinstance(owner, ast.Name) or owner.id == "self":
+            return None
+        assigned = self._attribute_assignments.get(expr.attr)
+        if assigned is None or len(assigned) != 1:
+            return None
+        target, value = assigned[0]
+        if not (isinstance(target.value, ast.Name) and target.value.id == owner.id):
+            return None
+        if self.parameter_of(owner) is None or self.parameter_of(target.value) is None:
+            return None
+        klass = self.enclosing_class(expr)
+        if klass is None or klass is not self.enclosing_class(target):
+            return None
+        return value
+
+    @cached_property
+    def _attribute_assignments(self) -> dict[str, list[tuple[ast.Attribute, ast.expr | None]]]:
+        """Every `obj.attr = value` of the file (on any object, `self` included), by
+        attribute name; a target of a tuple, augmented or annotated assignment, or a `del`,
+        records no value."""
+        found: dict[str, list[tuple[ast.Attribute, ast.expr | None]]] = {}
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Attribute) and not isinstance(node.ctx, ast.Load):
+                parent = self.parents.get(node)
+                value = parent.value if isinstance(parent, ast.Assign) else None
+                if isinstance(parent, ast.Assign) and len(parent.targets) != 1:
+                    value = None
+                found.setdefault(node.attr, []).append((node, value))
+        return found
 
     def _ruled_out_by_flags(
         self, origin: Origin, owner: Facts, info: ClassInfo, constructor: ast.Call
@@ -369,6 +543,10 @@ class ValueQueries:
         short = self.short_name(constructor)
         if short == "Sequential" and constructor.args:
             last = constructor.args[-1]
+            if isinstance(last, (ast.Name, ast.Attribute)):
+                # `nn.Sequential(self.fc, self.softmax)`: the module that name was built as.
+                held = self.binding_value(last)
+                last = held if isinstance(held, ast.Call) else last
             if isinstance(last, ast.Call):
                 inner = (self.call_qualname(last) or "").startswith("torch.nn.")
                 if inner:

@@ -27,8 +27,19 @@ def softmax_before_cross_entropy(facts: Facts) -> Iterator[Hit]:
     shape-only methods (`.view()`, `.reshape()`, `.squeeze()`), through a helper's parameter
     (a cross-entropy wrapper, an `nn.Sequential` head passed to a custom module), or because
     the model's `forward` (or an `nn.Sequential`) ends in a softmax, also in another project
-    file. A loss passed as a default argument counts; a loss name bound to different kinds on
-    different paths (CTC in one branch, cross-entropy in the other) is not reported. When an
+    file. A module kept on `self` is followed also when the class builds it in either arm of
+    an `if` (reported only when every arm ends in a softmax), and a wrapper module whose
+    `forward` runs a module it is handed (`self.wrap(x, nn.Sequential(self.fc, self.softmax))`)
+    outputs what that module does; a head a method attaches to the module it is handed
+    (`module.probe = Probe()` in a callback's set-up hook, the only such assignment in the
+    file) is followed into the method of that class that runs it; a row taken by looping
+    over a softmax output is still one. A network a function is handed only by callers in
+    other project files (`client.fit(net=copy.deepcopy(global_net))` in the script) is what
+    those callers pass.
+    A loss passed as a default argument counts, also one a constructor stores on `self`
+    (`def __init__(self, loss=nn.CrossEntropyLoss()): self.loss = loss`); a loss name bound
+    to different kinds on different paths (CTC in one branch, cross-entropy in the other) is
+    not reported. When an
     `if` chooses the model or the tensor (`model = A()` / `model = B()`, a module-level choice
     read by the training function included), a choice that feeds a softmax is reported with
     the line of that choice; a softmax in `forward` under `if self.flag:`, with the flag a

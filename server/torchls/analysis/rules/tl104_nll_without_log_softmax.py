@@ -35,7 +35,9 @@ def nll_without_log_softmax(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
     `nn.NLLLoss` / `F.nll_loss` whose input is a softmax output, or the raw output of a linear
-    layer (logits), instead of log-probabilities.
+    layer (logits), instead of log-probabilities. The input is followed as for TL101: into a
+    model's `forward` (another project file included), a head kept on `self`, and a network
+    a function is handed by callers in other project files.
 
     ## Why it is wrong
     NLLLoss only picks `-input[target]`; it does not normalise. On probabilities the "loss" is
