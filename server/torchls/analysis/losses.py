@@ -127,6 +127,14 @@ def loss_kind_of_call(facts: Facts, call: ast.Call) -> tuple[str, ast.Call | Non
     return None
 
 
+class WrappedLosses:
+    """Per file: the loss kind each project loss module of the file applies to its input
+    (`_forward_loss_of_input`), worked out once per class and shared through `facts.get`."""
+
+    def __init__(self, facts: Facts) -> None:
+        self.by_class: dict[ast.AST, str | None] = {}
+
+
 def _wrapped_loss(facts: Facts, call: ast.Call) -> str | None:
     """The kind of loss a project loss module applies to its input: its `forward` hands its
     first parameter, unchanged, as the input of losses of one known kind
@@ -137,7 +145,7 @@ def _wrapped_loss(facts: Facts, call: ast.Call) -> str | None:
     if instance is None:
         return None
     owner, info, _ = instance
-    cache = owner.__dict__.setdefault("_wrapped_losses", {})
+    cache = owner.get(WrappedLosses).by_class
     if info.node in cache:
         return cache[info.node]
     found = cache[info.node] = _forward_loss_of_input(owner, info)
