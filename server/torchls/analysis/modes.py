@@ -12,7 +12,7 @@ mapped to parameters), and a call to an in-file helper applies that helper's eff
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 from torchls.analysis.facts import EVAL_FUNCTION_RE
 from torchls.analysis.queries.flow import guard_holds, guard_of
@@ -351,9 +351,9 @@ class ModeAnalysis:
                 )
                 self._saved[(self.facts.scope(stmt), target.id)] = (saved_key, modes)
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
-            key = self.facts.key(stmt.targets[0])
-            if key is not None and isinstance(stmt.value, ast.Call):
-                state = self._bind(key, stmt.value, state)
+            bound_key = self.facts.key(stmt.targets[0])
+            if bound_key is not None and isinstance(stmt.value, ast.Call):
+                state = self._bind(bound_key, stmt.value, state)
         return state
 
     def _loop_alias(self, stmt: ast.stmt) -> tuple[str, tuple[str, ...]] | None:
@@ -554,7 +554,7 @@ class ModeAnalysis:
         if not isinstance(receiver, ast.Name):
             return None
         scope = facts.scope(call)
-        bindings = facts.assignments_of(receiver.id, scope)  # type: ignore[arg-type]
+        bindings = facts.assignments_of(receiver.id, scope)
         if len(bindings) != 1 or scope is facts.tree:
             return None
         binding = bindings[0]
@@ -616,7 +616,7 @@ class ModeAnalysis:
         if built is None or receiver is None:
             return {}
         mapping = {receiver: "self"}
-        info = facts.classes[built.func.id]  # type: ignore[union-attr]
+        info = facts.classes[cast(ast.Name, built.func).id]  # held_instance: `Name(...)`
         init = info.methods.get("__init__")
         if init is None or facts.enclosing_class(built) is not facts.enclosing_class(call):
             return mapping  # built elsewhere: its `self` arguments mean another object

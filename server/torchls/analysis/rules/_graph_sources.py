@@ -37,7 +37,7 @@ def _made_from(value: ast.expr) -> list[str]:
 def graph_sources(facts: Facts, scope: ast.AST, backwarded: set[str]) -> set[str]:
     """Names of `scope` bound to a call's result (not detached) that a backward()-ed name of
     `backwarded` was assigned from as a whole or as a `sum(...)` (see `_made_from`)."""
-    bindings = facts.assignments.get(scope, {})  # type: ignore[call-overload]
+    bindings = facts.assignments.get(scope, {})
     found: set[str] = set()
     for name in backwarded:
         for binding in bindings.get(name, ()):

@@ -243,7 +243,7 @@ def _flag_evaluations_with_grad(facts: Facts) -> Iterator[Hit]:
             if key is None or not loops or (id(function), key) in reported:
                 continue
             modes = entry.get(key)
-            in_eval = bool(modes) and all(fact.mode == "eval" for fact in modes)
+            in_eval = bool(modes) and all(fact.mode == "eval" for fact in modes or ())
             if not in_eval and not (
                 key in entry and _switched_to_eval_by_flag(facts, function, key, param, argument)
             ):

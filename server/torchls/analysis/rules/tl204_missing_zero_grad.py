@@ -305,7 +305,7 @@ def missing_zero_grad(facts: Facts) -> Iterator[Hit]:
             continue
         reported.add(seen)
         optimizer_text = facts.source.segment(optimizer)
-        body_start = loop.body[0]  # type: ignore[attr-defined]
+        body_start = loop.body[0]
         yield Hit(
             step,
             f"`{optimizer_text}` is stepped in a loop that never clears gradients; they "

@@ -80,11 +80,11 @@ def batch_not_moved_to_device(facts: Facts) -> Iterator[Hit]:
     `x, y = x.to(device), y.to(device)` at the start of the loop body (or
     `non_blocking=True` with pinned memory). No automatic fix.
     """
-    for argument, key, load in unmoved_tokens(facts):
+    for tokens, model_key, load in unmoved_tokens(facts):
         yield Hit(
-            argument,
-            f"`{argument.id}` holds the tokenizer's CPU tensors and is passed to `{key}`, which "
-            f"loading put on the GPU on line {load.lineno} (quantized, no `device_map`), "
+            tokens,
+            f"`{tokens.id}` holds the tokenizer's CPU tensors and is passed to `{model_key}`, "
+            f"which loading put on the GPU on line {load.lineno} (quantized, no `device_map`), "
             "without `.to(device)`",
         )
     moved = _moved_models(facts)
@@ -304,9 +304,9 @@ def _moves_its_inputs(facts: Facts, model: ast.expr, depth: int = 0) -> bool:
         if assignment is not None:
             return False  # bound here to something else
         arguments = facts.parameter_arguments(model)
-        return bool(arguments) and all(
-            _moves_its_inputs(facts, argument, depth + 1) for argument in arguments
-        )
+        if not arguments:
+            return False
+        return all(_moves_its_inputs(facts, argument, depth + 1) for argument in arguments)
     return False
 
 
