@@ -105,6 +105,15 @@ def loss_kind_of_call(facts: Facts, call: ast.Call) -> tuple[str, ast.Call | Non
     if qualname in ("torch.binary_cross_entropy_with_logits",):
         return ("BCEWithLogitsLoss", None)
     func = call.func
+    if (
+        isinstance(func, ast.Attribute)
+        and func.attr == "forward"
+        and isinstance(func.value, (ast.Name, ast.Attribute))
+        and not (isinstance(func.value, ast.Name) and func.value.id == "self")
+    ):
+        # `criterion.forward(scores, y)` computes what `criterion(scores, y)` does (the
+        # hooks aside): the same loss, with the same contract on its input.
+        func = func.value
     # A loss object is called as `criterion(...)`, `self.criterion(...)` or
     # `nn.CrossEntropyLoss()(...)`; method calls on anything else (`x.sum()`) are not losses.
     if isinstance(func, (ast.Call, ast.Name)) or (

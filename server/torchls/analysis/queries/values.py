@@ -78,6 +78,7 @@ class ValueQueries:
         ) -> list[ast.expr] | None: ...
         def argument_value(self, name: ast.Name, unbound: bool = False) -> ast.expr | None: ...
         def is_kind(self, expr: ast.AST | None, kind: str) -> bool: ...
+        def key(self, expr: ast.AST | None) -> str | None: ...
         def _in_no_grad_block(self, node: ast.AST) -> bool: ...
 
     def returns_receiver(self, expr: ast.AST | None) -> bool:
@@ -196,6 +197,10 @@ class ValueQueries:
                         found.extend(_in_branch(inner or [Origin(expr, via)], side))
                     return found
             module_origins = self._module_call_origins(expr, depth, via)
+            if module_origins is None and method == "forward":
+                alias = self._forward_as_call(expr)
+                if alias is not None:
+                    module_origins = self._module_call_origins(alias, depth, via)
             if module_origins is not None:
                 return module_origins
             if isinstance(expr.func, ast.Name) and depth < MAX_DEPTH:
@@ -203,6 +208,31 @@ class ValueQueries:
                 if handed is not None:
                     return handed
         return [Origin(expr, via)]
+
+    def _forward_as_call(self, call: ast.Call) -> ast.Call | None:
+        """`model.forward(x)` written as the call `model(x)` it stands for (hooks aside), so
+        the module's output is followed the same way; one per call, placed where the call is
+        (same position, same parent). None for `self.forward(...)` and `super().forward(...)`:
+        those are the class's own code, which the call's callee already covers."""
+        receiver = self.receiver(call)
+        if not isinstance(receiver, (ast.Name, ast.Attribute)) or (
+            isinstance(receiver, ast.Name) and receiver.id == "self"
+        ):
+            return None
+        aliases = self._forward_aliases
+        if call not in aliases:
+            alias = ast.Call(func=receiver, args=call.args, keywords=call.keywords)
+            ast.copy_location(alias, call)
+            alias.end_lineno, alias.end_col_offset = call.end_lineno, call.end_col_offset
+            parent = self.parents.get(call)
+            if parent is not None:
+                self.parents[alias] = parent
+            aliases[call] = alias
+        return aliases[call]
+
+    @cached_property
+    def _forward_aliases(self) -> dict[ast.Call, ast.Call]:
+        return {}
 
     def _module_handed_from_other_files(
         self, call: ast.Call, depth: int, via: tuple[ast.AST, ...]
@@ -568,6 +598,10 @@ class ValueQueries:
                 steps += 1
                 continue
             for owner, returned in self.function_returns(value) or ():
+                if isinstance(returned, ast.Name):
+                    # `net = nn.Sequential(); net.add_module(...); return net`
+                    held = owner.binding_value(returned)
+                    returned = held if isinstance(held, ast.Call) else returned
                 if isinstance(returned, ast.Call):
                     qualname = owner.call_qualname(returned) or ""
                     if (
@@ -582,6 +616,10 @@ class ValueQueries:
         self, constructor: ast.Call, depth: int, via: tuple[ast.AST, ...]
     ) -> list[Origin]:
         short = self.short_name(constructor)
+        if short == "Sequential" and not constructor.args and not constructor.keywords:
+            added = self._last_added_module(constructor)
+            if added is not None:
+                return self._constructor_output(added, depth + 1, (*via, constructor))
         if short == "Sequential" and constructor.args:
             last = constructor.args[-1]
             if isinstance(last, (ast.Name, ast.Attribute)):
@@ -599,6 +637,55 @@ class ValueQueries:
                     if returns is not None:
                         return [o for r in returns for o in self._origins_in(owner, r, depth, via)]
         return [Origin(constructor, via, module_output=True)]
+
+    def _last_added_module(self, constructor: ast.Call) -> ast.Call | None:
+        """For `net = nn.Sequential()` (or `self.fc = nn.Sequential()`) filled by
+        `net.add_module("fc", nn.Linear(...))` statements in the same block: the `nn.X(...)`
+        the last of them adds (the layer the Sequential ends in). None when a later statement
+        of the block may add or replace layers some other way, or the last module is no torch
+        layer built in place."""
+        assign = self.parents.get(constructor)
+        if not (
+            isinstance(assign, ast.Assign)
+            and len(assign.targets) == 1
+            and isinstance(assign.targets[0], (ast.Name, ast.Attribute))
+        ):
+            return None
+        name = self.key(assign.targets[0])
+        block = getattr(self.parents.get(assign), "body", None)
+        if name is None or not isinstance(block, list) or assign not in block:
+            return None
+        last: ast.Call | None = None
+        for statement in block[block.index(assign) + 1 :]:
+            call = statement.value if isinstance(statement, ast.Expr) else None
+            if (
+                isinstance(call, ast.Call)
+                and isinstance(call.func, ast.Attribute)
+                and call.func.attr == "add_module"
+                and self.key(call.func.value) == name
+                and len(call.args) == 2
+            ):
+                added = call.args[1]
+                last = added if isinstance(added, ast.Call) else None
+                if last is None or not (self.call_qualname(last) or "").startswith("torch.nn."):
+                    return None
+            elif any(
+                (
+                    isinstance(node, (ast.Name, ast.Attribute))
+                    and isinstance(node.ctx, ast.Store)
+                    and self.key(node) == name
+                )
+                or (
+                    isinstance(node, ast.Attribute)
+                    and node.attr in ("add_module", "append", "extend", "insert")
+                    and self.key(node.value) == name
+                )
+                for node in ast.walk(statement)
+            ):
+                # Rebound, or layers added under a branch or a loop: which one is last is
+                # not known here.
+                return None
+        return last
 
     def _wrapped(self, wrapper: ast.Call) -> ast.expr | None:
         """The module a parallel wrapper was given: its construction when the argument is

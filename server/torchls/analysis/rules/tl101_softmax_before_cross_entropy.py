@@ -35,7 +35,10 @@ def softmax_before_cross_entropy(facts: Facts) -> Iterator[Hit]:
     file) is followed into the method of that class that runs it; a row taken by looping
     over a softmax output is still one. A network a function is handed only by callers in
     other project files (`client.fit(net=copy.deepcopy(global_net))` in the script) is what
-    those callers pass.
+    those callers pass. Explicit `forward` calls count as the calls they stand for
+    (`loss_fn.forward(net.forward(x), y)`), and an `nn.Sequential()` filled by
+    `add_module(...)` statements ends in the layer the last of them adds (not known, so not
+    reported, when a layer is added under a branch or a loop).
     A loss passed as a default argument counts, also one a constructor stores on `self`
     (`def __init__(self, loss=nn.CrossEntropyLoss()): self.loss = loss`); a loss name bound
     to different kinds on different paths (CTC in one branch, cross-entropy in the other) is
