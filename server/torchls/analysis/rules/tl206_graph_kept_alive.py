@@ -43,7 +43,7 @@ def _loss_names(
     loss_call_nodes = facts.loss_call_nodes
     for node in facts.calls_in(scope):
         if facts.method_name(node) == "backward" and not node.args:
-            receiver = facts.receiver(node)
+            receiver = facts.backward_subject(node)
             if isinstance(receiver, ast.Name):
                 names.add(receiver.id)
             elif isinstance(receiver, ast.Subscript) and isinstance(receiver.value, ast.Name):
@@ -269,7 +269,9 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
     holding the loss appended to a list (`history.append({"loss": loss})`), a step's output
     dict whose `output["loss"]` is backward()-ed kept in a list, the loss a project helper
     (`train_step`, in this file or another) returns after backward()-ing it, and the items
-    of a dict of loss parts (`for name, part in parts.items(): totals[name] += part`).
+    of a dict of loss parts (`for name, part in parts.items(): totals[name] += part`). A
+    loss differentiated through a gradient scaler (`scaler.scale(loss).backward()`) counts
+    as backward()-ed.
 
     ## Why it is wrong
     Each stored loss keeps its whole computation graph, activations included, alive. Memory
