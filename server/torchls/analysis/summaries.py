@@ -259,7 +259,7 @@ class _Summarizer:
                 continue
             if facts.is_backward(call):
                 backwards = True
-                receiver = facts.receiver(call)
+                receiver = facts.backward_subject(call)
                 if isinstance(receiver, ast.Name):
                     backwarded.add(receiver.id)
             if facts.optimizer_of_step(call) is not None:

@@ -390,6 +390,24 @@ class FlowQueries:
             return True  # Lightning manual optimization: `self.manual_backward(loss)`
         return (self.call_qualname(call) or "") in ("torch.autograd.backward",)
 
+    def backward_subject(self, call: ast.Call) -> ast.expr | None:
+        """The tensor `x.backward()` differentiates: `x`, and `loss` for a gradient scaler's
+        `scaler.scale(loss).backward()` (scaling keeps `loss`'s graph under the product);
+        None for a call that is not a bare `.backward()`."""
+        if self.method_name(call) != "backward" or call.args:
+            return None
+        receiver = self.receiver(call)
+        if (
+            isinstance(receiver, ast.Call)
+            and self.method_name(receiver) == "scale"
+            and len(receiver.args) == 1
+            and not receiver.keywords
+        ):
+            kind = self.kind_of(self.receiver(receiver))
+            if kind is not None and kind.kind == "scaler":
+                return receiver.args[0]
+        return receiver
+
     def accumulates_grad(self, call: ast.Call) -> bool:
         """A backward() whose gradients are added into the parameters' `.grad` (so someone has
         to clear them): `loss.backward()`, `torch.autograd.backward(...)`. Distributed

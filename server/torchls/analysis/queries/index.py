@@ -289,11 +289,11 @@ class IndexQueries:
             for node in nodes:
                 if isinstance(node, ast.Name) and node.id == "torch":
                     if isinstance(node.ctx, ast.Load):
-                        if not self._binds_locally(node):
+                        if not self.binds_locally(node):
                             self.imports["torch"] = "torch"
                             return
 
-    def _binds_locally(self, name: ast.Name) -> bool:
+    def binds_locally(self, name: ast.Name) -> bool:
         """A function of `name`'s enclosing scopes binds it (a parameter or local)."""
         scope = self.scope(name)
         while isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):

@@ -16,6 +16,7 @@ from torchls.analysis.findings import Fix
 from torchls.analysis.queries.tensors import detached_value
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._edits import insert_at
+from torchls.analysis.rules._graph_containers import accumulation, bound_names, graph_containers
 from torchls.analysis.rules._graph_sources import graph_sources
 from torchls.analysis.rules._modes_loss_dicts import _dict_parts, _fixed_key
 
@@ -43,7 +44,7 @@ def _loss_names(
     loss_call_nodes = facts.loss_call_nodes
     for node in facts.calls_in(scope):
         if facts.method_name(node) == "backward" and not node.args:
-            receiver = facts.receiver(node)
+            receiver = facts.backward_subject(node)
             if isinstance(receiver, ast.Name):
                 names.add(receiver.id)
             elif isinstance(receiver, ast.Subscript) and isinstance(receiver.value, ast.Name):
@@ -66,34 +67,12 @@ def _loss_names(
                 )
             ):
                 names.add(name)
-    return names, {k: v for k, v in containers.items() if k not in names}, sources
-
-
-def _accumulation(stmt: ast.stmt) -> tuple[str, ast.expr, str] | None:
-    """(accumulator, value, how) for `acc.append(v)`, `acc += v`, `acc[k] = v`, `acc[k] += v`
-    (an assignment to a constant key replaces the value it held: no accumulation)."""
-    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
-        call = stmt.value
-        func = call.func
-        if (
-            isinstance(func, ast.Attribute)
-            and func.attr == "append"
-            and isinstance(func.value, ast.Name)
-            and len(call.args) == 1
-        ):
-            return func.value.id, call.args[0], "append"
-    if isinstance(stmt, ast.AugAssign) and isinstance(stmt.op, ast.Add):
-        if isinstance(stmt.target, ast.Name):
-            return stmt.target.id, stmt.value, "+="
-        if isinstance(stmt.target, ast.Subscript) and isinstance(stmt.target.value, ast.Name):
-            return stmt.target.value.id, stmt.value, "[]+="
-    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
-        target = stmt.targets[0]
-        if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
-            if isinstance(target.slice, ast.Constant):
-                return None  # `latest["d"] = d_loss`: one slot, overwritten every step
-            return target.value.id, stmt.value, "[]="
-    return None
+    containers = {k: v for k, v in containers.items() if k not in names}
+    # A helper's `(loss, stats)` whose stats keep a graph tensor: a container, no `.item()` fix.
+    for name in graph_containers(facts, scope, names):
+        names.add(name)
+        containers.setdefault(name, [])
+    return names, containers, sources
 
 
 def _rebound_detached(facts: Facts, use: ast.Name, assignment: object) -> bool:
@@ -200,7 +179,7 @@ def _feeds_backward(facts: Facts, scope: ast.AST, accumulator: str) -> bool:
     for node in facts.walk_local(scope):
         if isinstance(node, ast.Assign) and mentions(node.value):
             for target in node.targets:
-                derived.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+                derived.update(bound_names(target))
         elif isinstance(node, (ast.For, ast.AsyncFor)) and mentions(node.iter):
             derived.update(n.id for n in ast.walk(node.target) if isinstance(n, ast.Name))
     for node in facts.walk_local(scope):
@@ -269,7 +248,12 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
     holding the loss appended to a list (`history.append({"loss": loss})`), a step's output
     dict whose `output["loss"]` is backward()-ed kept in a list, the loss a project helper
     (`train_step`, in this file or another) returns after backward()-ing it, and the items
-    of a dict of loss parts (`for name, part in parts.items(): totals[name] += part`).
+    of a dict of loss parts (`for name, part in parts.items(): totals[name] += part`). A
+    loss differentiated through a gradient scaler (`scaler.scale(loss).backward()`) counts
+    as backward()-ed. A running total rebound with the sum (`total = total * 0.99 + v`) is an
+    accumulation like `total += v`; and the stats object of a helper returning
+    `(loss, stats)` counts as holding a graph when the helper stores a forward's tensor in it
+    undetached (`stats["aux"] = aux`) and the caller backward()s that loss.
 
     ## Why it is wrong
     Each stored loss keeps its whole computation graph, activations included, alive. Memory
@@ -313,7 +297,7 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
         for node in facts.walk_local(scope):
             if not isinstance(node, ast.stmt):
                 continue
-            found = _accumulation(node)
+            found = accumulation(node)
             if found is None:
                 continue
             accumulator, value, how = found
@@ -324,6 +308,8 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
             if loss is None or not loops or facts.in_no_grad(node):
                 continue
             assignments = facts.assignments_of(accumulator, scope)  # type: ignore[arg-type]
+            # The running sum's own rebinding (`total = total + v`) does not make it per-step.
+            assignments = [a for a in assignments if a.stmt is not node]
             if not assignments or not _outlives_a_step(facts, loops, assignments):
                 continue
             if how == "+=" and accumulator in loss_names:

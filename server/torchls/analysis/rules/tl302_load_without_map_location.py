@@ -15,6 +15,7 @@ from torchls.analysis.facts import Facts
 from torchls.analysis.findings import Fix
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._checkpoints import LOAD, SAVE, _keyword
+from torchls.analysis.rules._checkpoints_paths import same_path_value
 from torchls.analysis.rules._edits import insert_at
 
 
@@ -77,10 +78,23 @@ def _value_use(facts: Facts, node: ast.AST, depth: int) -> str:
         return "data" if qualname.startswith("torch.") else "unknown"
     if isinstance(parent, ast.Call):  # the loaded object is called: a pickled module
         return "state"
-    if isinstance(parent, (ast.For, ast.comprehension)) and node is parent.iter:
+    if isinstance(parent, ast.comprehension) and node is parent.iter:
+        # `{k: v for k, v in ckpt["model"].items()}` builds a new container of the loaded
+        # values: what happens to that container is what happens to them.
+        built = facts.parents.get(parent)
+        targets = {n.id for n in ast.walk(parent.target) if isinstance(n, ast.Name)}
+        if (
+            depth < 3
+            and isinstance(built, (ast.DictComp, ast.ListComp))
+            and _reads_any(built, targets)
+            and _value_use(facts, built, depth + 1) == "state"
+        ):
+            return "state"
+        return "data"
+    if isinstance(parent, ast.For) and node is parent.iter:
         # Iterating the loaded dict is reading it, unless the items go on to be restored
         # (`for k, v in ckpt["ema"].items(): new[k] = v` then `load_state_dict(new)`).
-        if isinstance(parent, ast.For) and depth < 3:
+        if depth < 3:
             targets = [n.id for n in ast.walk(parent.target) if isinstance(n, ast.Name)]
             uses = [use for name in targets for use in facts.uses_of(parent, name)]
             if any(_value_use(facts, use, depth + 1) == "state" for use in uses):
@@ -108,6 +122,12 @@ def _value_use(facts: Facts, node: ast.AST, depth: int) -> str:
                 return answer
         return "data"
     return "unknown"
+
+
+def _reads_any(built: ast.DictComp | ast.ListComp, names: set[str]) -> bool:
+    """The element (or key/value) a comprehension builds reads one of `names`."""
+    parts = [built.key, built.value] if isinstance(built, ast.DictComp) else [built.elt]
+    return any(isinstance(n, ast.Name) and n.id in names for part in parts for n in ast.walk(part))
 
 
 def _restored_container(facts: Facts, target: ast.expr, depth: int) -> bool:
@@ -143,7 +163,9 @@ def _written_here_on_cpu(facts: Facts, load: ast.Call) -> bool:
     saves = [
         save
         for save in facts.calls_to(*SAVE)
-        if len(save.args) >= 2 and _path_key(facts, save.args[1]) == path
+        if len(save.args) >= 2
+        and _path_key(facts, save.args[1]) == path
+        and same_path_value(facts, save.args[1], load)
     ]
     if not saves:
         return False
@@ -190,8 +212,11 @@ def load_without_map_location(facts: Facts) -> Iterator[Hit]:
     branch that only runs with CUDA (`if torch.cuda.is_available():`, a branch whose other
     side loads the same file with `map_location` to the CPU, or one that moves the model to
     CUDA), not
-    when the file was written by this script from CPU tensors, and not when the loaded object
-    is only used as data (never restored into a model or optimizer, returned or passed on).
+    when the file was written by this script from CPU tensors (the same path value: a
+    `save(path)` and a `restore(path)` method each take their path from a caller, so they
+    are not known to name one file), and not when the loaded object is only used as data
+    (never restored into a model or optimizer, returned or passed on; a dict rebuilt from
+    its items in a comprehension, say to rename keys, and then restored counts as restored).
 
     ## Why it is wrong
     Tensors are restored onto the device they were saved from. A checkpoint written on
