@@ -60,7 +60,7 @@ def graph_containers(facts: Facts, scope: ast.AST, backwarded: set[str]) -> set[
     whose other element is backward()-ed here (so the helper ran with gradients on) and whose
     own element is a container the helper stored a graph tensor in."""
     found: set[str] = set()
-    bindings = facts.assignments.get(scope, {})  # type: ignore[call-overload]
+    bindings = facts.assignments.get(scope, {})
     for name, assignments in bindings.items():
         for binding in assignments:
             call = binding.value

@@ -95,8 +95,8 @@ def _value_use(facts: Facts, node: ast.AST, depth: int) -> str:
         # Iterating the loaded dict is reading it, unless the items go on to be restored
         # (`for k, v in ckpt["ema"].items(): new[k] = v` then `load_state_dict(new)`).
         if depth < 3:
-            targets = [n.id for n in ast.walk(parent.target) if isinstance(n, ast.Name)]
-            uses = [use for name in targets for use in facts.uses_of(parent, name)]
+            loop_names = [n.id for n in ast.walk(parent.target) if isinstance(n, ast.Name)]
+            uses = [use for name in loop_names for use in facts.uses_of(parent, name)]
             if any(_value_use(facts, use, depth + 1) == "state" for use in uses):
                 return "state"
         return "data"
