@@ -57,7 +57,7 @@ def eval_loops_through_model_methods(facts: Facts) -> Iterator[Through]:
             param = _parameter_at(helper, site, position)
             if param is None:
                 continue
-            found = _forward_method_call(facts, helper, param)
+            found = _forward_method_call(facts, helper, param, argument)
             if found is None or _on_training_path(facts, function):
                 continue
             seen.add((id(loop), key))  # type: ignore[arg-type]
@@ -93,20 +93,26 @@ def _fetched_in_loop(facts: Facts, loop: ast.AST, site: ast.Call, model: ast.exp
 
 
 def _forward_method_call(
-    facts: Facts, helper: FunctionNode, param: str
+    facts: Facts, helper: FunctionNode, param: str, argument: ast.expr
 ) -> tuple[ast.Call, Facts, ast.Call] | None:
-    """In `helper`, the call `param.method(...)` of a method that `param`'s annotated class
-    (here or in another project file) defines and that reaches the class's own forward;
-    the parameter is not rebound in the helper, and nothing there turns gradients off."""
+    """In `helper`, the call `param.method(...)` of a method that `param`'s class defines
+    (its annotation, else the project class the site's `argument` was built from, here or
+    in another project file) and that reaches the class's own forward; the parameter is
+    not rebound in the helper, and nothing there turns gradients off."""
     if facts.grad_disabling_decorator(helper) or helper.decorator_list:
         return None
     annotation = next(
         (a.annotation for a in [*helper.args.posonlyargs, *helper.args.args] if a.arg == param),
         None,
     )
-    if not isinstance(annotation, ast.Name):
-        return None
-    found = _class_methods(facts, annotation.id)
+    found = None
+    if isinstance(annotation, ast.Name):
+        found = _class_methods(facts, annotation.id)
+    elif annotation is None:
+        kind = facts.kind_of(argument)
+        built = kind.node if kind is not None and not kind.by_name else None
+        module = facts.module_class_of_call(built) if isinstance(built, ast.Call) else None
+        found = (module[0], module[1].methods) if module is not None else None
     if found is None:
         return None
     owner, methods = found
