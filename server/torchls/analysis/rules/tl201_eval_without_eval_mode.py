@@ -23,7 +23,9 @@ from torchls.analysis.rules._modes import (
     _helper_forwards_in_evaluation,
     _model_calls_in_eval,
     _switched_to_eval_by_flag,
+    modes_of,
 )
+from torchls.analysis.rules._modes_scripts import unswitched_loaded_modules
 
 
 def _put_in_train_for_this_loop(facts: Facts, context: ast.AST, modes: frozenset) -> bool:
@@ -156,7 +158,12 @@ def eval_without_eval_mode(facts: Facts) -> Iterator[Hit]:
     The mode follows a model through in-file helpers several calls down (`fit` puts
     `net = ctx.model` in train(), then `score(ctx)` hands `ctx.model` to a decoding helper),
     and a helper looping over a loader that an epoch loop calls after its batch loop, on a
-    result no training reads, is evaluation, not part of training.
+    result no training reads, is evaluation, not part of training. A script (or a function
+    that never trains) that takes a module from a loader out of sight (`net = bundle[
+    "encoder"].cpu()`), only moves it and runs it under `no_grad` on what a loop iterates,
+    with nothing in the file ever switching its mode or handed it, is reported too: a module
+    starts in training mode. Loaders that may keep a saved mode (`torch.load`,
+    `torch.jit.load`, `from_pretrained`, `load_from_checkpoint`) are left alone.
 
     ## Why it is wrong
     In training mode dropout keeps dropping units and batch-norm normalises with the current
@@ -224,6 +231,7 @@ def eval_without_eval_mode(facts: Facts) -> Iterator[Hit]:
             fix,
         )
     yield from _flag_evaluations(facts)
+    yield from _loaded_out_of_sight(facts)
     for site, context, function, call, key, modes in _helper_forwards_in_evaluation(facts):
         if any(fact.mode not in ("train", "default") for fact in modes):
             continue
@@ -237,6 +245,22 @@ def eval_without_eval_mode(facts: Facts) -> Iterator[Hit]:
             f"it is in training mode; call `eval()` on it before the loop "
             f"({_why_mode_matters(facts, call)})",
             None,
+        )
+
+
+def _loaded_out_of_sight(facts: Facts) -> Iterator[Hit]:
+    """A module from a loader out of sight, only moved and run under `no_grad` over the
+    data a loop iterates, that nothing in the file ever switches (`_modes_scripts.py`)."""
+    at_call = modes_of(facts).at_call
+    for call, loop, key in unswitched_loaded_modules(facts):
+        if any(fact.mode != "unknown" for fact in at_call.get(call, ())):
+            continue  # the mode analysis knows its mode: judged above
+        edit = insert_line_before(facts, loop, f"{key}.eval()")
+        yield Hit(
+            call,
+            f"`{key}` is run for inference here, but nothing ever puts it in eval mode (a "
+            f"module starts in training mode); call `{key}.eval()` before the loop",
+            Fix("unsafe", f"Insert `{key}.eval()` before the inference loop", (edit,)),
         )
 
 

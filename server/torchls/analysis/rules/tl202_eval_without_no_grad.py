@@ -13,7 +13,7 @@ import ast
 from collections.abc import Iterator
 
 from torchls.analysis.facts import Facts, FunctionNode
-from torchls.analysis.findings import Fix
+from torchls.analysis.findings import Fix, Related
 from torchls.analysis.modes import run_key, runs_generation
 from torchls.analysis.queries.flow import guard_of
 from torchls.analysis.queries.vocabulary import argument_at
@@ -28,6 +28,7 @@ from torchls.analysis.rules._modes import (
     evaluation_context,
     modes_of,
 )
+from torchls.analysis.rules._modes_paths import eval_loops_through_model_methods
 
 
 @rule(
@@ -64,8 +65,12 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
     runs the model like `model(...)` and counts as its forward everywhere above. A step
     method that a batch loop calls, which puts the model in `eval()` itself and then runs it
     through a further helper (`self.module_.eval()`, then `self.infer(x)`), is reported at
-    that helper call, when neither the loop nor its function trains directly. Decoding with
-    transformers' `generate()` turns gradients off itself and is not reported.
+    that helper call, when neither the loop nor its function trains directly. A loop that
+    puts the model in `eval()` and hands it, with each fetched batch, to a helper calling a
+    method of the model's class (`model.predict_step(x)`, in this file or another) that
+    runs the model's own forward (`self(x)`, a few methods down) is reported at the helper
+    call. Decoding with transformers' `generate()` turns gradients off itself and is not
+    reported.
 
     ## Why it is wrong
     `eval()` only changes how layers behave; it does not stop autograd. Every forward pass
@@ -137,6 +142,20 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
             _wrap_in_no_grad(facts, context),
         )
     yield from _step_helper_forwards_with_grad(facts)
+    for site, loop, key, method, owner, forward in eval_loops_through_model_methods(facts):
+        if facts.in_no_grad(site) or facts.under_unknown_decorator(site):
+            continue
+        if _needs_gradients(facts, loop) or facts.parameters_frozen_before(key, loop):
+            continue
+        where = owner.filename if owner is not facts else None
+        yield Hit(
+            site,
+            f"`{key}` is in eval mode and this call runs its forward through "
+            f"`{facts.source.segment(method.func)}` (line {method.lineno}) with gradients "
+            "enabled, for every batch; wrap the loop in `torch.no_grad()`",
+            _wrap_in_no_grad(facts, loop),
+            (Related(owner.source.span(forward), "the model's forward runs here", where),),
+        )
 
 
 def _step_helper_forwards_with_grad(facts: Facts) -> Iterator[Hit]:

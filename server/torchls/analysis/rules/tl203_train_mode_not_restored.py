@@ -22,6 +22,7 @@ from torchls.analysis.rules._modes import (
     _trainer,
     modes_of,
 )
+from torchls.analysis.rules._modes_trainer_hooks import evals_in_training_steps
 
 
 def _skipped_by_same_test(facts: Facts, setter: ast.AST, call: ast.Call) -> bool:
@@ -83,6 +84,12 @@ def train_mode_not_restored(facts: Facts) -> Iterator[Hit]:
     A method of the module's own class called from its epoch loop (`self.run_train_epoch(
     loader)`) is a helper, not the module running: the mode that matters is the one the
     method's own forwards see (`self.train()` as its first statement restores it).
+    A loop out of sight counts too: in a subclass of a transformers or trl `Trainer`, whose
+    loop puts the model in train mode and then runs `compute_loss(model, inputs)` for every
+    step, an `eval()` in that hook (or a method of the class it hands the model to) on the
+    model, on `self.model`, or on an attribute some method binds to `self.model` (a teacher
+    that may be the student itself), followed by a read of the model outside `no_grad`
+    with no `train()` before it, is reported: that step trains in eval mode.
 
     ## Why it is wrong
     In eval mode dropout is off and batch-norm uses frozen running statistics, so every epoch
@@ -163,6 +170,22 @@ def train_mode_not_restored(facts: Facts) -> Iterator[Hit]:
                 f"`{key}.train()` is not called again before training (line {loops[0].lineno})",
                 fix,
             )
+    yield from _evals_in_library_steps(facts)
+
+
+def _evals_in_library_steps(facts: Facts) -> Iterator[Hit]:
+    """`eval()` on the trained model (or an attribute bound to it) in a Trainer's loss hook
+    (`_modes_trainer_hooks.py`): the library's loop trains every step in eval mode."""
+    for switch, alias in evals_in_training_steps(facts):
+        key = facts.source.segment(facts.receiver(switch))
+        same = f" (bound to `self.model` on line {alias.lineno})" if alias is not None else ""
+        yield Hit(
+            switch,
+            f"`{key}`{same} is the model the Trainer's loop trains, and this eval() runs in "
+            "its loss hook on every training step before the model runs: it trains in eval "
+            "mode",
+            None,
+        )
 
 
 def _uses_in_training_loops(
