@@ -168,9 +168,9 @@ def _reaches_own_forward(
         )
         if not (on_self or named) or owner.in_no_grad(call):
             continue
-        if on_self or func.attr == "forward":  # type: ignore[union-attr]
+        if on_self or func.attr == "forward":  # type: ignore[attr-defined]
             return call
-        other = methods.get(func.attr)  # type: ignore[union-attr]
+        other = methods.get(func.attr)  # type: ignore[attr-defined]
         if other is not None and other is not method:
             found = _reaches_own_forward(owner, methods, other, depth + 1)
             if found is not None:

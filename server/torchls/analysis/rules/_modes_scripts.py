@@ -25,7 +25,7 @@ _MOVES = frozenset({"cpu", "cuda", "to", "half", "float", "double", "bfloat16"})
 _MODE_KEEPING_METHODS = frozenset({"from_pretrained", "load_from_checkpoint", "load"})
 
 
-def unswitched_loaded_modules(facts: Facts) -> Iterator[tuple[ast.Call, ast.AST, str]]:
+def unswitched_loaded_modules(facts: Facts) -> Iterator[tuple[ast.Call, ast.stmt, str]]:
     """(call, loop, name) for `net(x)` in a loop that feeds it what the loop iterates, under
     `no_grad`, where `net` is a local (or a script's global) bound only to a moved module
     (`net = bundle["encoder"].cpu()`, then maybe `net = net.cuda()`) that comes from a loader
@@ -106,7 +106,7 @@ def _loaded_out_of_sight(facts: Facts, expr: ast.AST | None, scope: ast.AST) -> 
 def _only_called(facts: Facts, name: str, scope: ast.AST) -> bool:
     """Everything the file does with `name` in `scope` is call it or move it: it is handed to
     nothing (which could switch its mode out of sight) and none of its methods runs."""
-    for node in facts.scope_nodes.get(scope, ()):  # type: ignore[call-overload]
+    for node in facts.scope_nodes.get(scope, ()):
         if not (isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load)):
             continue
         parent = facts.parents.get(node)
@@ -147,7 +147,7 @@ def _fed_from_loop(facts: Facts, loop: ast.For | ast.AsyncFor, call: ast.Call) -
         for node in before:
             bound: list[ast.AST] = []
             if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node.value:
-                sources, bound = [node.value], list(getattr(node, "targets", [])) or [node.target]  # type: ignore[attr-defined]
+                sources, bound = [node.value], list(getattr(node, "targets", [])) or [node.target]  # type: ignore[union-attr]
             elif isinstance(node, (ast.For, ast.AsyncFor)):
                 sources, bound = [node.iter], [node.target]
             elif isinstance(node, ast.Call) and facts.method_name(node) in ("append", "extend"):

@@ -72,7 +72,7 @@ def evals_in_training_steps(facts: Facts) -> Iterator[tuple[ast.Call, ast.AST | 
                     continue
                 if _guarded(facts, call, function) or not _used_after(facts, function, call, model):
                     continue
-                yield call, aliases.get(key)  # type: ignore[arg-type]
+                yield call, aliases.get(key)
 
 
 def _parameter_receiving(helper: FunctionNode, call: ast.Call, name: str) -> str | None:
@@ -126,7 +126,7 @@ def _used_after(facts: Facts, function: FunctionNode, switch: ast.Call, model: s
         if isinstance(node, ast.Call) and facts.method_name(node) == "train":
             reads.append((node.lineno, node.col_offset, False))
         elif _reads_model(facts, node, model) and not facts._in_no_grad_block(node):
-            reads.append((node.lineno, node.col_offset, True))
+            reads.append((getattr(node, "lineno", 0), getattr(node, "col_offset", 0), True))
     reads.sort()
     return bool(reads) and reads[0][2]
 

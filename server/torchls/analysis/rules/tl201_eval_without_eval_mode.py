@@ -329,7 +329,7 @@ def _applied_to_outputs(facts: Facts, call: ast.Call, key: str) -> bool:
             for node in (origin.node, *origin.via):
                 if not isinstance(node, ast.Call) or node not in facts.parents:
                     continue  # only calls of this file
-                module = node.func
+                module: ast.expr | None = node.func
                 if facts.method_name(node) == "forward":
                     module = facts.receiver(node)  # `model.forward(x)`
                     if not facts.is_kind(module, "model"):

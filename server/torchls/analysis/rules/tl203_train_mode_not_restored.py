@@ -144,7 +144,7 @@ def train_mode_not_restored(facts: Facts) -> Iterator[Hit]:
             reported.add((id(setter), key))
             # At the top of the training loop's body: before the loop is not enough when the
             # loop itself is the epoch loop (full-batch training).
-            first = loops[0].body[0]  # type: ignore[attr-defined]
+            first = loops[0].body[0]
             fix = Fix(
                 "unsafe",
                 f"Insert `{key}.train()` at the start of the training loop",
@@ -207,7 +207,7 @@ def _uses_in_training_loops(
         for position, argument in enumerate(site.args):
             key = facts.key(argument)
             if key in held and _runs_argument(facts, site, position):
-                yield site, argument, held[key], loops  # type: ignore[index]
+                yield site, argument, held[key], loops
 
 
 def _backpropagated_calls(facts: Facts, loop: ast.AST) -> set[ast.Call]:
@@ -298,7 +298,7 @@ def _guarded_apart(facts: Facts, setter: ast.AST, loop: ast.AST) -> bool:
             return False
     scope = facts.scope(loop)
     for name in {node.id for node in ast.walk(branch.test) if isinstance(node, ast.Name)}:
-        for assignment in facts.assignments_of(name, scope):  # type: ignore[arg-type]
+        for assignment in facts.assignments_of(name, scope):
             if facts.is_inside(assignment.stmt, loop):
                 return False  # the test may change inside the loop
     return True
