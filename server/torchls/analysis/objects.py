@@ -196,6 +196,35 @@ class ObjectModel:
             answers[(id(method[0]), method[1].lineno)] = method
         return next(iter(answers.values())) if len(answers) == 1 else None
 
+    def annotated_method(self, call: ast.Call) -> tuple[Facts, FunctionNode] | None:
+        """The definition `param.m(...)` runs when `param` is a parameter, never rebound,
+        annotated with a project class (`handler: CheckpointHandler`, in this file or
+        imported) that defines `m` or inherits it. A subclass handed in may override `m`:
+        callers use this where the method found is the least the call does."""
+        func = call.func
+        if not isinstance(func, ast.Attribute) or not isinstance(func.value, ast.Name):
+            return None
+        facts = self.facts
+        if facts.reaching_assignment(func.value) is not None:
+            return None
+        annotation = facts.parameter_annotation(func.value)
+        if not isinstance(annotation, ast.Name):
+            return None
+        info = facts.classes.get(annotation.id)
+        owner: Facts | None = facts if info is not None else None
+        if owner is None:
+            definition = facts.definition(annotation.id)
+            if definition is None or not isinstance(definition.node, ast.ClassDef):
+                return None
+            owner = definition.facts
+            info = owner.classes.get(definition.node.name)
+        if info is None:
+            return None
+        for ref in owner.get(ObjectModel).lineage(ClassRef(owner, info)):
+            if func.attr in ref.info.methods:
+                return ref.facts, ref.info.methods[func.attr]
+        return None
+
     # ------------------------------------------------------------ tuple returns
     def returned_element(self, call: ast.Call, index: int) -> list[Value] | None:
         """What position `index` of the tuple a project function (or a `self` method)

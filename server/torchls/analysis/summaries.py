@@ -14,6 +14,11 @@ names and flags (no syntax nodes), so it can be cached by the function's text:
   function is a wrapper that returns its argument;
 - `saves`: parameters passed as the object of `torch.save` (a save wrapper), `saves_values`:
   parameters stored as a value of the dict that `torch.save` writes;
+- `saves_states`: parameters whose `state_dict()` the function itself stores in the dict
+  literal it passes to `torch.save` (`{"model": model.state_dict(), "epoch": epoch}`), and
+  `saves_closed`: every such dict is a literal (no `**` spread, no later `d[k] = ...`
+  store, no `state_dict()` of anything but a parameter): what the checkpoint holds is known
+  from the helper and the arguments bound to its parameters (`saves_values` among them);
 - `steps_optimizer`, `zeroes_grad`, `backwards`: it (or what it calls) steps an optimizer,
   clears gradients, runs `backward()`;
 - `runs_batch_loop`: it runs a training loop over a data loader;
@@ -59,6 +64,8 @@ class Summary:
     returns: frozenset[str] = frozenset()
     saves: frozenset[str] = frozenset()
     saves_values: frozenset[str] = frozenset()
+    saves_states: frozenset[str] = frozenset()
+    saves_closed: bool = False
     steps_optimizer: bool = False
     zeroes_grad: bool = False
     backwards: bool = False
@@ -237,12 +244,74 @@ class _Summarizer:
                 found.add(name)
         return found
 
+    def dict_states(self, expr: ast.AST) -> tuple[set[str], bool]:
+        """(parameters whose `state_dict()` is a value of the dict literal `expr` is, whether
+        that literal is closed: see `saves_states` and `saves_closed` in the docstring)."""
+        facts = self.facts
+        literal = facts.binding_value(expr) if isinstance(expr, ast.Name) else expr
+        if not isinstance(literal, ast.Dict) or any(k is None for k in literal.keys):
+            return set(), False
+        if isinstance(expr, ast.Name) and any(
+            isinstance(node, (ast.Assign, ast.AugAssign))
+            and any(
+                isinstance(t, ast.Subscript)
+                and isinstance(t.value, ast.Name)
+                and t.value.id == expr.id
+                for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            )
+            for node in facts.walk_local(self.function)
+        ):
+            return set(), False  # `ckpt["optimizer"] = ...` stores more than the literal
+        states: set[str] = set()
+        closed = True
+        for value in literal.values:
+            # A local name stands for what it is bound to (`"optimizer": opt_state`).
+            hops = 0
+            while isinstance(value, ast.Name) and self.param_of(value) is None and hops < 3:
+                bound = facts.binding_value(value)
+                if bound is None:
+                    break
+                value, hops = bound, hops + 1
+            arms = [value.body, value.orelse] if isinstance(value, ast.IfExp) else [value]
+            for arm in arms:
+                for node in ast.walk(arm):
+                    if isinstance(node, ast.Call) and facts.method_name(node) == "state_dict":
+                        name = self._state_param(facts.receiver(node))
+                        if name is None:
+                            closed = False
+                        else:
+                            states.add(name)
+        return states, closed
+
+    def _state_param(self, expr: ast.AST | None) -> str | None:
+        """The parameter whose state `expr.state_dict()` reads: `model`, `model.module`, or
+        `model` after `model = model.module` (a DDP wrapper unwrapped in place)."""
+        while isinstance(expr, ast.Attribute) and expr.attr == "module":
+            expr = expr.value
+        name = self.param_of(expr)
+        if name is not None or not isinstance(expr, ast.Name):
+            return name
+        assignment = self.facts.reaching_assignment(expr)
+        value = assignment.value if assignment is not None else None
+        if (
+            isinstance(value, ast.Attribute)
+            and value.attr == "module"
+            and isinstance(value.value, ast.Name)
+            and value.value.id == expr.id
+            and expr.id in self.all_params
+        ):
+            return expr.id
+        return None
+
     def run(self) -> tuple[Summary, bool]:
         facts = self.facts
         function = self.function
         returns: set[str] = set()
         saves: set[str] = set()
         saves_values: set[str] = set()
+        saves_states: set[str] = set()
+        direct_saves = 0
+        saves_closed = True
         steps = zeroes = backwards = collective = returns_graph = False
         switches: set[str] = set()
         unswitched = False
@@ -256,6 +325,10 @@ class _Summarizer:
                 if name is not None:
                     saves.add(name)
                 saves_values |= self.dict_params(call.args[0])
+                states, closed = self.dict_states(call.args[0])
+                saves_states |= states
+                saves_closed &= closed
+                direct_saves += 1
                 continue
             if facts.is_backward(call):
                 backwards = True
@@ -336,6 +409,8 @@ class _Summarizer:
             returns=frozenset(returns),
             saves=frozenset(saves),
             saves_values=frozenset(saves_values),
+            saves_states=frozenset(saves_states),
+            saves_closed=bool(direct_saves) and saves_closed,
             steps_optimizer=steps,
             zeroes_grad=zeroes,
             backwards=backwards,

@@ -12,6 +12,7 @@ import ast
 from collections.abc import Iterator
 
 from torchls.analysis.facts import Facts
+from torchls.analysis.findings import Related
 from torchls.analysis.queries.vocabulary import argument_at
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._checkpoints import SAVE, _dict_values
@@ -192,6 +193,53 @@ def _stateless_sgd(facts: Facts, call: ast.Call, detail: str) -> bool:
     return len(call.args) < 3
 
 
+def _saved_owners(facts: Facts, saved: ast.expr) -> list[ast.expr | None]:
+    """The objects whose `state_dict()` the saved dict holds, one per value."""
+    return [_state_dict_owner(facts, v) for v in _dict_values(facts, saved)]
+
+
+def _helper_checkpoints(
+    facts: Facts,
+) -> Iterator[tuple[ast.Call, list[ast.expr | None], tuple[Related, ...]]]:
+    """(call, the arguments whose state it saves) for calls of another file's helper that builds
+    the checkpoint dict itself (`save_checkpoint(path, model=model, epoch=epoch)` writing
+    `{"state_dict": model.state_dict(), "epoch": epoch}`): its summary says which parameters'
+    `state_dict()` the dict holds and that nothing else in it can carry a state. A call
+    leaving one of those parameters out or passing a constant (`optimizer=None` for a
+    weights-only copy) chose what to keep, and is skipped."""
+    if not facts.imports_project_modules and not facts.functions:
+        return
+    for call in facts.project_calls:
+        asked = facts.call_summary(call)
+        if asked is None:
+            continue
+        summary, bound, owner = asked
+        if owner is facts:
+            continue  # an in-file helper's own `torch.save` is checked where it is
+        if not summary.saves_closed or not summary.saves_states:
+            continue
+        owners = [bound.get(name) for name in sorted(summary.saves_states)]
+        if any(owner is None or isinstance(owner, ast.Constant) for owner in owners):
+            continue
+        # Arguments stored as they are (`optimizer_state=optimizer.state_dict()`, `opt=opt`)
+        # carry their own state into the dict.
+        for name in sorted(summary.saves_values):
+            argument = bound.get(name)
+            if argument is not None:
+                owners.append(_state_dict_owner(facts, argument) or argument)
+        target = facts.callee(call)
+        written = [
+            save
+            for save in owner.calls_to(*SAVE)
+            if target is not None and owner.enclosing_function(save) is target[1]
+        ]
+        related = tuple(
+            Related(owner.source.span(save), "the checkpoint is written here", owner.filename)
+            for save in written[:1]
+        )
+        yield call, owners, related
+
+
 def _checkpoint_saves(facts: Facts) -> Iterator[tuple[ast.Call, ast.expr]]:
     """(call, saved object) for every `torch.save(obj, ...)` here and every call of a save
     wrapper (`save_checkpoint({...}, is_best)`, here or in another project file) whose summary
@@ -222,7 +270,9 @@ def checkpoint_missing_training_state(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
     In a training script (one that builds an optimizer), `torch.save` of a dict checkpoint
-    (directly, or through a save wrapper it is handed to) that holds the model's
+    (directly, through a save wrapper it is handed to, or built by a project helper from the
+    objects it is given: `save_checkpoint(path, model=model, epoch=epoch)` whose dict holds
+    `model.state_dict()` and plain values only) that holds the model's
     `state_dict()` but not the optimizer's — nor the scheduler's or the GradScaler's when the
     script has them. Plain SGD without momentum keeps no state and is not reported for the
     optimizer, and neither is one export written once after the training loop has ended,
@@ -253,7 +303,8 @@ def checkpoint_missing_training_state(facts: Facts) -> Iterator[Hit]:
     constructed = _constructed(facts, ("optimizer", "scheduler", "scaler"))
     if not constructed["optimizer"]:
         return
-    for call, saved in _checkpoint_saves(facts):
+    saves = [(call, _saved_owners(facts, saved), ()) for call, saved in _checkpoint_saves(facts)]
+    for call, owners, related in [*saves, *_helper_checkpoints(facts)]:
         if facts.after_training(call):
             continue  # one export once training is over: nothing resumes from it
         # Only objects built where this save can see them: its own function or module level.
@@ -285,8 +336,6 @@ def checkpoint_missing_training_state(facts: Facts) -> Iterator[Hit]:
             or "scheduler" in held,
             "scaler": bool(local["scaler"]) or "scaler" in held,
         }
-        values = _dict_values(facts, saved)
-        owners = [_state_dict_owner(facts, v) for v in values]
         kinds = {
             (facts.kind_of(owner).kind if facts.kind_of(owner) else "")
             for owner in owners
@@ -301,4 +350,5 @@ def checkpoint_missing_training_state(facts: Facts) -> Iterator[Hit]:
             call,
             f"checkpoint saves the model but not the {', '.join(missing)} state: a resumed run "
             "restarts from fresh optimizer statistics and schedule",
+            related=related,
         )

@@ -17,6 +17,7 @@ from torchls.analysis.facts import Facts
 from torchls.analysis.findings import Fix
 from torchls.analysis.queries.vocabulary import _unwrap_iterable
 from torchls.analysis.registry import Hit, rule
+from torchls.analysis.rules._distributed import MAX_DEPTH
 from torchls.analysis.rules._distributed_samplers import (
     SAMPLERS,
     _constructed_loader,
@@ -57,6 +58,46 @@ def _epoch_loop_using(facts: Facts, loader_key: str, scope: ast.AST) -> ast.AST 
             continue
         if isinstance(facts.parents.get(node), (ast.Call, ast.keyword)):
             return loops[0]
+    return None
+
+
+def _epoch_loop_in_callee(
+    facts: Facts, loader_key: str, scope: ast.AST, depth: int = 0
+) -> tuple[ast.AST, str] | None:
+    """(epoch loop, the parameter's name) when `scope` hands the loader, outside any loop, to
+    a function of this file (`train(args, train_loader, ...)`) whose body iterates the
+    parameter once per epoch (`for epoch ...: for batch in loader`, or `iter(loader)`
+    restarted inside its step loop), that function's callees followed the same way."""
+    if depth >= MAX_DEPTH:
+        return None
+    for node in facts.walk_local(scope):
+        if not isinstance(node, (ast.Name, ast.Attribute)) or facts.key(node) != loader_key:
+            continue
+        call = facts.parents.get(node)
+        if isinstance(call, ast.keyword):
+            call = facts.parents.get(call)
+        if not isinstance(call, ast.Call) or facts.enclosing_loops(node):
+            continue
+        target = facts.callee(call)
+        if target is None or target[0] is not facts or target[1] is scope:
+            continue
+        _, function, bound = target
+        param = next(
+            (
+                name
+                for name, arg in facts.summary(function).bind(call, bound).items()
+                if arg is node
+            ),
+            None,
+        )
+        if param is None or re.search(r"val|test|eval|dev", param.lower()):
+            continue
+        loop = _epoch_loop_using(facts, param, function)
+        if loop is not None:
+            return loop, param
+        deeper = _epoch_loop_in_callee(facts, param, function, depth + 1)
+        if deeper is not None:
+            return deeper
     return None
 
 
@@ -121,7 +162,10 @@ def sampler_without_set_epoch(facts: Facts) -> Iterator[Hit]:
     class (`sampler_cls = RandomSampler if local_rank == -1 else DistributedSampler`: a
     distributed run builds the DistributedSampler). The loader may reach the loop through a project
     wrapper that returns it (`backend.distribute(loader)`), a factory, or a constructor
-    parameter stored on `self` and iterated in a method the epoch loop calls. Samplers built
+    parameter stored on `self` and iterated in a method the epoch loop calls; or it is
+    handed, outside any loop, to a function of the file that owns the epoch loop
+    (`train(args, loader, ...)` iterating it once per epoch, or restarting `iter(loader)`
+    inside its step loop). Samplers built
     with `shuffle=False` (evaluation), loaders named like validation/test ones, and loaders
     handed to Accelerate's `prepare` or Fabric's `setup_dataloaders` (they set the epoch on
     every iteration) are not reported.
@@ -176,6 +220,13 @@ def sampler_without_set_epoch(facts: Facts) -> Iterator[Hit]:
             if epoch_loop is not None:
                 loader_key = key
                 break
+        # Handed to a function that runs the epochs (`train(args, loader, ...)`): reported,
+        # with no fix (the sampler's name is not in scope there).
+        handed = None
+        if epoch_loop is None:
+            handed = _epoch_loop_in_callee(facts, loader_key, scope)
+            if handed is not None:
+                epoch_loop, loader_key = handed
         if epoch_loop is None:
             settled.discard(sampler)
             continue
@@ -191,7 +242,7 @@ def sampler_without_set_epoch(facts: Facts) -> Iterator[Hit]:
             f"on it: `{loader_key}` yields the same order every epoch (loop on line "
             f"{epoch_loop.lineno}); call `.set_epoch(epoch)` at the start of each epoch",
             None
-            if aliased or _reiterated_by_hand(facts, epoch_loop, loader_key)
+            if aliased or handed is not None or _reiterated_by_hand(facts, epoch_loop, loader_key)
             else _insert_set_epoch(facts, epoch_loop, sampler_key, assignment, loader_key, scope),
         )
     if not told:

@@ -14,8 +14,9 @@ from pathlib import Path
 
 from torchls.analysis.facts import Facts, FunctionNode
 from torchls.analysis.findings import Related
+from torchls.analysis.objects import ObjectModel
 from torchls.analysis.queries.vocabulary import argument_at, parameter_default
-from torchls.analysis.ranks import mentions_rank
+from torchls.analysis.ranks import COLLECTIVE_QUALNAMES, mentions_rank
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._distributed import MAX_DEPTH, _decorated_rank_zero
 
@@ -27,8 +28,12 @@ PROCESS_STARTERS = {"spawn", "start_processes", "Process"}
 
 
 def _distributed_script(facts: Facts) -> bool:
+    """It sets up a process group, wraps a model in DDP, or calls a `torch.distributed`
+    collective itself (`dist.barrier()`: code written to run on several processes)."""
     for call in facts.calls:
         qualname = facts.call_qualname(call) or ""
+        if qualname in COLLECTIVE_QUALNAMES:
+            return True
         if qualname.endswith("init_process_group") and qualname.startswith("torch.distributed"):
             return True
         if qualname.startswith("torch.nn.parallel") and qualname.endswith(
@@ -76,21 +81,62 @@ def _locally_guarded(facts: Facts, node: ast.AST) -> bool:
         current = facts.parents.get(current)
     function = facts.enclosing_function(node)
     return function is not None and (
-        _decorated_rank_zero(function) or _early_rank_exit(facts, function, node)
+        _decorated_rank_zero(function)
+        or _rank_zero_wrapper(facts, function)
+        or _early_rank_exit(facts, function, node)
     )
+
+
+def _rank_zero_wrapper(facts: Facts, function: FunctionNode) -> bool:
+    """`function` is decorated with a project decorator (this file's or imported) whose
+    wrapper calls the function it wraps only under a rank test (`def main_process(func):`
+    with `if rank == 0: return func(*args, **kwargs)` inside its wrapper)."""
+    for decorator in function.decorator_list:
+        if not isinstance(decorator, ast.Name):
+            continue
+        owner, node = facts, facts.functions.get(decorator.id)
+        if node is None:
+            definition = facts.definition(decorator.id)
+            if definition is None or not isinstance(
+                definition.node, (ast.FunctionDef, ast.AsyncFunctionDef)
+            ):
+                continue
+            owner, node = definition.facts, definition.node
+        if not node.args.args:
+            continue
+        wrapped = node.args.args[0].arg
+        calls = [
+            call
+            for call in ast.walk(node)
+            if isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Name)
+            and call.func.id == wrapped
+        ]
+        if calls and all(
+            owner.enclosing_function(call) is not node and _locally_guarded(owner, call)
+            for call in calls
+        ):
+            return True
+    return False
 
 
 def _runs_on_every_rank(facts: Facts, function: FunctionNode) -> bool:
     """`function` is run by every process: it wraps a model in `DistributedDataParallel` (a
-    collective that all ranks must enter) or runs the training batch loop, which every rank
-    of a data-parallel job runs, whoever calls it."""
+    collective that all ranks must enter), reaches a `torch.distributed` collective outside
+    any rank test (`dist.barrier()` at the end of each epoch: every rank must get there), or
+    runs the training batch loop, which every rank of a data-parallel job runs, whoever
+    calls it."""
     for call in facts.calls_in(function):
         qualname = facts.call_qualname(call) or ""
         if qualname.startswith("torch.nn.parallel") and qualname.endswith(
             "DistributedDataParallel"
         ):
             return True
-    return facts.contains_training_batch_loop(function) or facts.calls_training_helper(function)
+    return (
+        facts.summary(function).collective
+        or facts.contains_training_batch_loop(function)
+        or facts.calls_training_helper(function)
+    )
 
 
 def _rank_guarded(facts: Facts, node: ast.AST, depth: int = 0) -> bool:
@@ -184,16 +230,21 @@ def _mentions_rank_through_names(facts: Facts, expr: ast.AST, depth: int = 0) ->
 def checkpoint_on_every_rank(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
-    In a distributed script (it calls `init_process_group` or wraps a model in
-    `DistributedDataParallel`), a `torch.save(...)` that every rank executes: not under an
+    In a distributed script (it calls `init_process_group`, wraps a model in
+    `DistributedDataParallel` or calls a `torch.distributed` collective such as
+    `dist.barrier()`), a `torch.save(...)` that every rank executes: not under an
     `if rank == 0:`-style check, not after an early `if rank != 0: return`, not in a function
     decorated `@rank_zero_only` or only called under such a check. Saves whose file name
     contains the rank (per-rank shards) and saves into an in-memory buffer (`io.BytesIO()`)
     are not reported. A function with no caller in the file counts as run by every rank
-    when it wraps the model in DDP or runs the training loop. A call, run by every rank, of
-    a project function in another file (a `save_training_state(...)` helper) whose own
+    when it wraps the model in DDP, runs the training loop or reaches a collective outside
+    any rank test (a `dist.barrier()` closing each epoch). A call, run by every rank, of a
+    project function in another file (a `save_training_state(...)` helper) whose own
     `torch.save` has no rank check is reported at the call, unless that save only runs for
-    an argument the call leaves at its `None` default (`if model is not None: ...`).
+    an argument the call leaves at its `None` default (`if model is not None: ...`); so is a
+    call of a method of another file's project class that reaches such a save through the
+    methods it calls (`handler.save(...)` on a parameter annotated `handler: Checkpoints`,
+    whose `save` calls `self.io.save(...)`, which writes the file).
 
     ## Why it is wrong
     Every process writes the same file at the same moment: N concurrent writers truncate and
@@ -227,9 +278,11 @@ def checkpoint_on_every_rank(facts: Facts) -> Iterator[Hit]:
 
 
 def _saving_helpers(facts: Facts) -> Iterator[Hit]:
-    """Calls, on every rank, of another file's function that saves with no rank check."""
-    for call in facts.project_calls:
-        target = facts.callee(call)
+    """Calls, on every rank, of another file's function that saves with no rank check: in
+    its own body, or in a project method it calls in turn (`handler.save(...)` on a parameter
+    annotated with a project class, whose `save` calls `self.io.save(...)`, which saves)."""
+    for call in _candidate_calls(facts):
+        target = _project_target(facts, call)
         if target is None or target[0] is facts:
             continue
         owner, function, bound = target
@@ -244,15 +297,71 @@ def _saving_helpers(facts: Facts) -> Iterator[Hit]:
             ),
             key=lambda save: (save.lineno, save.col_offset),
         )
-        if not saves or _rank_guarded(facts, call):
+        found = [(owner, save) for save in saves] or _saves_below(owner, function, 1)
+        if not found or _rank_guarded(facts, call):
             continue
-        if _distributed_script(owner) and not _rank_guarded(owner, saves[0]):
+        where, save = found[0]
+        if _distributed_script(where) and not _rank_guarded(where, save):
             continue  # reported in its own file
         yield Hit(
             call,
-            f"`{facts.source.segment(call.func)}` runs `torch.save` ({Path(owner.filename).name} "
-            f"line {saves[0].lineno}) on "
+            f"`{facts.source.segment(call.func)}` runs `torch.save` ({Path(where.filename).name} "
+            f"line {save.lineno}) on "
             "every rank of this distributed script: the processes write the same files at "
             "once; call it under `if rank == 0:` (e.g. `dist.get_rank() == 0`)",
-            related=(Related(owner.source.span(saves[0]), "saved here", owner.filename),),
+            related=(Related(where.source.span(save), "saved here", where.filename),),
         )
+
+
+def _candidate_calls(facts: Facts) -> list[ast.Call]:
+    """The project calls, then the method calls on a name or a `self` attribute that the
+    object model may resolve (`handler.save(...)`, `self.io.save(...)`)."""
+    known = facts.project_calls
+    seen = set(map(id, known))
+    others = [
+        call
+        for call in facts.calls
+        if id(call) not in seen
+        and isinstance(call.func, ast.Attribute)
+        and isinstance(call.func.value, (ast.Name, ast.Attribute))
+    ]
+    return [*known, *others]
+
+
+def _project_target(facts: Facts, call: ast.Call) -> tuple[Facts, FunctionNode, bool] | None:
+    """The project function `call` runs: a resolved callee, `self.m()` (a base class
+    included), `self.helper.m()` on an object built from a project class, or `param.m()` on
+    a parameter annotated with one."""
+    target = facts.callee(call)
+    if target is not None:
+        return target
+    model = facts.get(ObjectModel)
+    found = model.method(call) or model.object_method(call) or model.annotated_method(call)
+    return (found[0], found[1], True) if found is not None else None
+
+
+def _saves_below(owner: Facts, function: FunctionNode, depth: int) -> list[tuple[Facts, ast.Call]]:
+    """Unguarded `torch.save`s that `function` reaches through the project functions it calls
+    outside any rank test, up to `MAX_DEPTH` calls deep."""
+    if depth > MAX_DEPTH:
+        return []
+    for call in owner.calls_in(function):
+        if _locally_guarded(owner, call):
+            continue
+        target = _project_target(owner, call)
+        if target is None or target[1] is function:
+            continue
+        where, inner, _ = target
+        saves = [
+            save
+            for save in where.calls_to("torch.save")
+            if where.enclosing_function(save) is inner
+            and not _locally_guarded(where, save)
+            and not _per_rank_path(where, save)
+        ]
+        if saves:
+            return [(where, saves[0])]
+        deeper = _saves_below(where, inner, depth + 1)
+        if deeper:
+            return deeper
+    return []
