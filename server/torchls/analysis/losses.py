@@ -10,9 +10,9 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING
 
-from torchls.analysis.facts import LossCall, ObjectKind, parameter_default
 from torchls.analysis.findings import Related
 from torchls.analysis.objects import ObjectModel
+from torchls.analysis.queries.vocabulary import LossCall, ObjectKind, parameter_default
 from torchls.records import record
 
 if TYPE_CHECKING:

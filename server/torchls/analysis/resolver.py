@@ -27,43 +27,13 @@ from typing import TYPE_CHECKING
 from torchls.analysis.hashing import content_digest
 from torchls.analysis.index import ProjectIndex
 from torchls.analysis.objects import ObjectModel
+from torchls.analysis.queries.vocabulary import LIBRARY_ROOTS
 from torchls.records import record
 
 if TYPE_CHECKING:
     from torchls.analysis.facts import Facts, FunctionNode
     from torchls.analysis.source import ParsedSource
 
-# Top-level modules that are never the user's project: no need to ask jedi about them.
-LIBRARY_ROOTS = {
-    "torch",
-    "torchvision",
-    "torchaudio",
-    "numpy",
-    "np",
-    "os",
-    "sys",
-    "math",
-    "typing",
-    "dataclasses",
-    "argparse",
-    "collections",
-    "functools",
-    "itertools",
-    "pathlib",
-    "logging",
-    "json",
-    "random",
-    "time",
-    "re",
-    "lightning",
-    "pytorch_lightning",
-    "transformers",
-    "timm",
-    "tqdm",
-    "pandas",
-    "sklearn",
-    "scipy",
-}
 MAX_FOLLOW_DEPTH = 3
 # Other project files whose facts stay cached: enough for the modules a project's scripts
 # share (models, losses, utils), while a server with hundreds of files open stays small.

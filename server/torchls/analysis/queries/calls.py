@@ -16,6 +16,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from torchls.analysis.queries.vocabulary import (
+    LIBRARY_ROOTS,
     FunctionNode,
     _function_of,
     argument_at,
@@ -75,8 +76,6 @@ class SummaryQueries:
     @cached_property
     def _project_imports(self) -> set[str]:
         """Local names imported from modules that may be project files."""
-        from torchls.analysis.resolver import LIBRARY_ROOTS
-
         if self.workspace is None:
             return set()
         return {

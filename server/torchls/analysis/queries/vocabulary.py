@@ -335,3 +335,36 @@ class LossCall:
     input: ast.expr | None
     target: ast.expr | None
     constructor: ast.Call | None = None
+
+
+# Top-level modules that are never the user's project: no need to ask jedi about them.
+LIBRARY_ROOTS = {
+    "torch",
+    "torchvision",
+    "torchaudio",
+    "numpy",
+    "np",
+    "os",
+    "sys",
+    "math",
+    "typing",
+    "dataclasses",
+    "argparse",
+    "collections",
+    "functools",
+    "itertools",
+    "pathlib",
+    "logging",
+    "json",
+    "random",
+    "time",
+    "re",
+    "lightning",
+    "pytorch_lightning",
+    "transformers",
+    "timm",
+    "tqdm",
+    "pandas",
+    "sklearn",
+    "scipy",
+}
