@@ -6,7 +6,9 @@ error: `CHECKER_CODES`), ordered by code. Out: Markdown. `python -m torchls.docs
 `rules` markers and docs/rules.md); `python -m torchls.docs` prints the README table and
 `python -m torchls.docs --rules-md [PATH]` writes docs/rules.md alone. Tests keep both in sync,
 and the language server's "Show documentation for TLxxx" shows `rule_markdown()` or links to
-`rule_anchor()` in a published copy of docs/rules.md.
+`rule_anchor()` in a published copy of docs/rules.md. `--write` also regenerates the
+catalog's copy the rule tests read, tests/rules/catalog.md (`catalog_markdown()`): every code,
+name, severity, summary and fix kind comes from the registry, where it is written once.
 """
 
 from __future__ import annotations
@@ -18,10 +20,23 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from torchls.analysis import Rule, all_rules, get_rule
-from torchls.analysis.probe_rules import CHECKER_CODES
+from torchls.analysis.probe_rules import CHECKER_CODES, PROBE_RULES
 
 SEVERITY_LETTER = {"error": "E", "warning": "W", "information": "I"}
 RULES_MD = Path("docs") / "rules.md"
+CATALOG_MD = Path("tests") / "rules" / "catalog.md"
+# The families of the catalog, by the first digit of a code.
+FAMILIES = {
+    "1": "loss and target contracts",
+    "2": "modes, gradient bookkeeping and autograd",
+    "3": "checkpoints",
+    "4": "optimizer, scheduler, mixed precision",
+    "5": "numerics and devices",
+    "6": "TensorFlow / Keras",
+    "7": "PyTorch Lightning",
+    "8": "torch.distributed",
+    "9": "probe findings (runtime, from a bounded repro)",
+}
 FIX_TEXT = {
     "safe": "safe (applied by `--fix` and the editor's fix-all)",
     "unsafe": "unsafe (a quick fix you pick by hand, or `--fix --unsafe-fixes`)",
@@ -115,6 +130,39 @@ def rules_markdown(rules: Sequence[Rule] | None = None) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def catalog_markdown() -> str:
+    """tests/rules/catalog.md: one table row per static rule and per TL9xx probe finding
+    (code, name, severity letter, summary, fix kind), grouped by family. The rule tests read
+    it (so a checkout without ../shared runs them) and compare it with the public catalog."""
+    rules = sorted(
+        all_rules() + [r for code, r in PROBE_RULES.items() if code not in CHECKER_CODES],
+        key=lambda rule: rule.code,
+    )
+    parts = [
+        "<!-- Generated from the rule registry by `python -m torchls.docs --write`; "
+        "do not edit by hand. -->",
+        "# torchls rule catalog (generated copy)",
+        "Every code torchls reports from a static check or a bounded repro, as the registry "
+        "declares it. Codes are a public contract: a code never changes meaning once shipped. "
+        "Where `../shared/rules.md` (the public catalog) sits beside the checkout, "
+        "`tests/rules/test_docs.py` checks that it says the same codes, names, severities and "
+        "fix kinds. Severity: E a definite bug, W very likely a bug, I advice.",
+    ]
+    for digit, title in FAMILIES.items():
+        family = [rule for rule in rules if rule.code[2] == digit]
+        if not family:
+            continue
+        rows = "\n".join(
+            f"| {r.code} | {r.name} | {SEVERITY_LETTER[r.severity]} | {r.summary} | {r.fix} |"
+            for r in family
+        )
+        parts.append(
+            f"## TL{digit}xx: {title}\n\n| code | name | sev | summary | fix |\n"
+            f"|---|---|---|---|---|\n{rows}"
+        )
+    return "\n\n".join(parts) + "\n"
+
+
 README = Path("README.md")
 _TABLE = re.compile(r"(<!-- rules:start -->\n)(.*?)(\n<!-- rules:end -->)", re.DOTALL)
 
@@ -127,26 +175,30 @@ def readme_with_table(readme: str) -> str:
 
 
 def write_docs(root: Path) -> list[Path]:
-    """Regenerate README.md's rule table and docs/rules.md under `root`; the files changed."""
+    """Regenerate README.md's rule table, docs/rules.md and tests/rules/catalog.md under
+    `root`; the files changed."""
     changed = []
     readme = root / README
     old = readme.read_text(encoding="utf-8")
     if (new := readme_with_table(old)) != old:
         readme.write_text(new, encoding="utf-8")
         changed.append(readme)
-    rules_md = root / RULES_MD
-    text = rules_markdown()
-    if not rules_md.is_file() or rules_md.read_text(encoding="utf-8") != text:
-        rules_md.parent.mkdir(parents=True, exist_ok=True)
-        rules_md.write_text(text, encoding="utf-8")
-        changed.append(rules_md)
+    for path, text in (
+        (root / RULES_MD, rules_markdown()),
+        (root / CATALOG_MD, catalog_markdown()),
+    ):
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            changed.append(path)
     return changed
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m torchls.docs",
-        description="Regenerate the README rule table and docs/rules.md (--write), or print "
+        description="Regenerate the README rule table, docs/rules.md and the catalog's copy "
+        "(--write), or print "
         "the table, or write docs/rules.md alone.",
     )
     parser.add_argument(
@@ -154,7 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         nargs="?",
         const=".",
         metavar="ROOT",
-        help="rewrite README.md's rule table and docs/rules.md in the checkout at ROOT "
+        help="rewrite README.md's rule table, docs/rules.md and tests/rules/catalog.md in "
+        "the checkout at ROOT "
         "(default: the current folder)",
     )
     parser.add_argument(
@@ -174,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for path in changed:
             print(f"wrote {path}", file=sys.stderr)
         if not changed:
-            print("README.md and docs/rules.md are up to date", file=sys.stderr)
+            print(f"README.md, {RULES_MD} and {CATALOG_MD} are up to date", file=sys.stderr)
         return 0
     if args.rules_md is None:
         print(rule_table())
