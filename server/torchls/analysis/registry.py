@@ -3,6 +3,9 @@
 A rule function receives the file's `Facts` and yields `Hit`s; the registry turns hits into
 `Finding`s with the rule's code and severity. The function's docstring is the rule's full
 documentation (what it catches, why, an example, the fix), printed by `torchls rule CODE`.
+A predicate that keeps a rule quiet on correct code is registered with `@exemption(code,
+fixture)`: its docstring becomes a line of the rule's "Not reported" section and the negative
+fixture it names is the one a test shows it protects (the fixture is reported without it).
 """
 
 from __future__ import annotations
@@ -58,11 +61,20 @@ class Rule:
 
     @property
     def doc(self) -> str:
-        """The documentation `torchls rule` prints: the docstring, dedented. Cleaned when
-        asked, so a check's process does not import `inspect` for text it never shows."""
+        """The documentation `torchls rule` prints: the docstring, dedented, and a "Not
+        reported" section listing the rule's registered exemptions. Cleaned when asked, so a
+        check's process does not import `inspect` for text it never shows."""
         import inspect
 
-        return inspect.cleandoc(self.docstring)
+        doc = inspect.cleandoc(self.docstring)
+        exemptions = EXEMPTIONS.get(self.code)
+        if not exemptions:
+            return doc
+        lines = ["## Not reported"]
+        for exempt in exemptions:
+            text = " ".join(inspect.cleandoc(exempt.docstring).split())
+            lines.append(f"- {text} (`{exempt.name}`, fixture `{exempt.fixture}`)")
+        return doc + "\n\n" + "\n".join(lines)
 
     def needs_whole_file(self, text: str) -> bool:
         if isinstance(self.whole_file, tuple):
@@ -71,6 +83,42 @@ class Rule:
 
 
 RULES: dict[str, Rule] = {}
+
+
+@record(frozen=True)
+class Exemption:
+    """A predicate that keeps rule `code` quiet on correct code (it returns True when the
+    finding must not be reported), and the negative fixture in `tests/rules/fixtures/<code>/`
+    that it protects."""
+
+    code: str
+    module: str
+    name: str
+    fixture: str
+    docstring: str
+
+
+EXEMPTIONS: dict[str, list[Exemption]] = {}
+
+Predicate = Callable[..., bool]
+
+
+def exemption(code: str, fixture: str) -> Callable[[Predicate], Predicate]:
+    """Register the decorated predicate as one of rule `code`'s exemptions, protecting the
+    negative fixture `fixture` (a `neg_*.py` file name). The predicate is returned unchanged;
+    its docstring (one or two sentences: what correct code it recognises) is documentation."""
+
+    def register(predicate: Predicate) -> Predicate:
+        if not fixture.startswith("neg_") or not fixture.endswith(".py"):
+            raise ValueError(f"{predicate.__name__}: {fixture!r} is not a negative fixture")
+        if not predicate.__doc__:
+            raise ValueError(f"{predicate.__name__}: an exemption needs a docstring")
+        EXEMPTIONS.setdefault(code, []).append(
+            Exemption(code, predicate.__module__, predicate.__name__, fixture, predicate.__doc__)
+        )
+        return predicate
+
+    return register
 
 
 def rule(

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 from torchls.analysis.facts import Facts
 from torchls.analysis.findings import Fix
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._edits import insert_at
 from torchls.analysis.rules._losses import _short
 
@@ -23,6 +23,7 @@ SOFTMAX_NEEDING_DIM = {
 }
 
 
+@exemption("TL107", "neg_unused_softmax_attribute.py")
 def _never_called(facts: Facts, constructor: ast.Call) -> bool:
     """The module built by `constructor` is stored in `self.<name>` (or a name) that nothing
     in its class or scope ever reads again."""

@@ -12,18 +12,23 @@ import ast
 from collections.abc import Iterator
 
 from torchls.analysis.facts import Facts
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 
 
+@exemption("TL207", "neg_single_or_separate_graphs.py")
 def _retains_graph(call: ast.Call) -> bool:
+    """The first `backward()` keeps its graph (`retain_graph=True`, `create_graph=True`, or
+    the positional form), so a second pass through it is allowed."""
     for keyword in call.keywords:
         if keyword.arg in ("retain_graph", "create_graph"):
             return not (isinstance(keyword.value, ast.Constant) and not keyword.value.value)
     return len(call.args) >= 2
 
 
+@exemption("TL207", "neg_with_bound_scaled_losses.py")
 def _exclusive_branches(facts: Facts, first: ast.AST, second: ast.AST) -> bool:
-    """True when the two nodes sit in different branches of one `if`/`try`."""
+    """The two backward passes sit in different branches of one `if`/`try`: one run takes
+    only one of them."""
     ancestors = []
     current = facts.parents.get(first)
     while current is not None:
@@ -127,6 +132,7 @@ def _item_backpropagated(facts: Facts, call: ast.Call) -> tuple[int, object] | N
     return id(assignment.stmt), target.slice.value
 
 
+@exemption("TL207", "neg_two_items_of_a_loss_dict.py")
 def _other_items_of_one_value(facts: Facts, earlier: ast.Call, later: ast.Call) -> bool:
     """The two backward() calls take different items of one container a call returned (a
     loss dict: `parts["loss"]`, then `parts["stopnet_loss"]`). Whether those items share a

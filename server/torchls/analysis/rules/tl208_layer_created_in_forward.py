@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 from torchls.analysis.facts import Facts, FunctionNode
 from torchls.analysis.objects import ClassRef, ObjectModel
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 
 PARAMETERISED_MODULES = {
     "Linear",
@@ -117,6 +117,7 @@ def _forward_only_methods(facts: Facts, class_name: str) -> list[FunctionNode]:
     return [m for owner, m in chosen if owner is facts and own.get(m.name) is m]
 
 
+@exemption("TL208", "neg_parameter_created_lazily.py")
 def _kept_on_module(facts: Facts, call: ast.Call) -> bool:
     """The parameter `call` builds is stored somewhere that outlives the call (an attribute,
     a container, `register_parameter`, the caller through `return`), or handed to code we do
@@ -167,6 +168,7 @@ def _kept_on_module(facts: Facts, call: ast.Call) -> bool:
     return False
 
 
+@exemption("TL208", "neg_layer_built_on_first_call.py")
 def _built_once(facts: Facts, call: ast.Call) -> bool:
     """`self.head = nn.Linear(...)` under an `if` that tests `self.head` (`is None`,
     `not hasattr(self, "head")`): the layer is built on the first call and kept."""
@@ -211,6 +213,7 @@ def _fresh_parameter(facts: Facts, call: ast.Call) -> bool:
     return not _kept_on_module(facts, call)
 
 
+@exemption("TL208", "neg_block_name_reused_by_loop.py")
 def _rebound_here(facts: Facts, call: ast.Call) -> bool:
     """The name `call` calls is bound in its own function (a parameter, a loop target, an
     assignment): `for i, (code, GBlock) in enumerate(zip(codes, self.GBlock)): GBlock(h, c)`

@@ -13,13 +13,16 @@ from collections.abc import Iterator
 
 from torchls.analysis.facts import Facts
 from torchls.analysis.findings import Fix
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._checkpoints import LOAD, SAVE, _keyword
 from torchls.analysis.rules._checkpoints_paths import same_path_value
 from torchls.analysis.rules._edits import insert_at
 
 
+@exemption("TL302", "neg_map_location_given.py")
 def _has_star_kwargs(call: ast.Call) -> bool:
+    """The load passes `**kwargs` or `*args`, which may carry `map_location`: it cannot be
+    told missing."""
     return any(k.arg is None for k in call.keywords) or any(
         isinstance(a, ast.Starred) for a in call.args
     )
@@ -152,6 +155,7 @@ def _path_key(facts: Facts, expr: ast.AST | None) -> str | None:
     return facts.source.segment(expr) or None
 
 
+@exemption("TL302", "neg_save_restore_paths_known.py")
 def _written_here_on_cpu(facts: Facts, load: ast.Call) -> bool:
     """The file `load` reads is written by `torch.save` in this file (the same path
     expression), from values that are on the CPU: moved there with `.cpu()`, or the file

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from torchls.analysis.facts import Facts
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._checkpoints import LOAD, SAVE, _keyword
 
 
@@ -25,6 +25,7 @@ def _is_test_file(filename: str) -> bool:
 TEMP_FIXTURES = frozenset({"tmp_path", "tmpdir", "tmp_path_factory", "tmpdir_factory"})
 
 
+@exemption("TL303", "neg_round_trips_and_temporary_files.py")
 def _written_here(facts: Facts, load: ast.Call) -> bool:
     """The loaded file is this code's own output: the same path or buffer was passed to
     `torch.save` earlier in the function, it is an in-memory buffer, or it lies in a

@@ -11,7 +11,7 @@ import ast
 from collections.abc import Iterator
 
 from torchls.analysis.facts import Facts
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._checkpoints import _keyword
 from torchls.analysis.rules._checkpoints_partial import (
     _next_statement,
@@ -32,6 +32,7 @@ def _state_dict_value(facts: Facts, expr: ast.AST, depth: int = 0) -> bool:
     return isinstance(expr, ast.Call) and facts.method_name(expr) == "state_dict"
 
 
+@exemption("TL306", "neg_filtered_by_shape_lookup.py")
 def _filtered_to_own_keys(facts: Facts, state: ast.AST) -> bool:
     """`{k: v for k, v in sd.items() if k in model_dict}` with `model_dict` a module's
     `state_dict()`, or `if model.state_dict()[k].numel() == v.numel()` (which raises on a key
@@ -97,6 +98,7 @@ def _item_assigned_before(facts: Facts, item: ast.Subscript) -> ast.expr | None:
 _REPORTERS = {"print", "info", "warning", "warn", "debug", "log", "write", "echo", "error"}
 
 
+@exemption("TL306", "neg_keys_filtered_or_reported.py")
 def _reported_after(facts: Facts, statement: ast.stmt, state: ast.AST) -> bool:
     """The statement right after the load reports on what was loaded (a print or log call
     naming the state dict, e.g. how many of its keys matched)."""
@@ -141,6 +143,7 @@ def _reads_state_of(facts: Facts, expr: ast.AST, owner: str, depth: int = 0) -> 
     return False
 
 
+@exemption("TL306", "neg_mismatches_logged_before_load.py")
 def _checked_against_model_before(facts: Facts, load: ast.Call) -> bool:
     """Before `load`, in its function, an `if` compares something with the target module's
     own `state_dict()` and reports (or raises) when they differ: the YOLOX-style loop that
@@ -193,6 +196,7 @@ def _before_on_path(facts: Facts, earlier: ast.stmt, later: ast.AST) -> bool:
     return False
 
 
+@exemption("TL306", "neg_fallback_after_reported_strict_failure.py")
 def _after_reported_strict_failure(facts: Facts, call: ast.Call) -> bool:
     """`call` is the fallback in the `except` of a strict `load_state_dict` into the same
     module, and the handler hands the caught error on (prints or logs it): that error's
@@ -228,6 +232,7 @@ def _loads_loosely(call: ast.Call) -> bool:
     )
 
 
+@exemption("TL306", "neg_trainer_loads_its_own_parts.py")
 def _own_load_state_dict(facts: Facts, call: ast.Call) -> bool:
     """The receiver is an object of a project class that is no module and writes its own
     `load_state_dict` (a trainer restoring its parts): what `strict` means there, and what it

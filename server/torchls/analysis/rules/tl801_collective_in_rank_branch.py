@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 from torchls.analysis.facts import Facts, FunctionNode
 from torchls.analysis.ranks import COLLECTIVE_QUALNAMES
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._distributed import _decorated_rank_zero
 
 # Position of the `group` parameter: a collective on a sub-group is meant for its members only.
@@ -94,6 +94,7 @@ def _only_on_some_ranks(facts: Facts, call: ast.Call) -> tuple[ast.AST, str] | N
     return None
 
 
+@exemption("TL801", "neg_main_first_wait_on_both_sides.py")
 def _complementary(branches: list[tuple[ast.If, str] | None]) -> bool:
     """Some calls sit where a rank test is true and others where the same test is false
     (`if not is_main: wait()` ... `if is_main: wait()`): every rank makes one of them."""
@@ -224,6 +225,7 @@ def _helper_collectives_in_rank_branch(facts: Facts, collectives: list[ast.Call]
         )
 
 
+@exemption("TL801", "neg_barrier_switched_off.py")
 def _switched_off_at_every_site(facts: Facts, collective: ast.Call) -> bool:
     """The helper holding `collective` only reaches it when a parameter switches it on, and
     every call of the helper leaves that switch off (`merge(sd, sync=False)` by default)."""

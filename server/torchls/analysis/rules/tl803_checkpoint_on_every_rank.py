@@ -17,7 +17,7 @@ from torchls.analysis.findings import Related
 from torchls.analysis.objects import ObjectModel
 from torchls.analysis.queries.vocabulary import argument_at, parameter_default
 from torchls.analysis.ranks import COLLECTIVE_QUALNAMES, mentions_rank
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._distributed import MAX_DEPTH, _decorated_rank_zero
 
 # Calls that build a file object in memory: a save into one writes nothing to disk.
@@ -54,6 +54,7 @@ def _spawned(facts: Facts, function: FunctionNode) -> bool:
     return False
 
 
+@exemption("TL803", "neg_save_on_rank_zero.py")
 def _early_rank_exit(facts: Facts, function: FunctionNode, node: ast.AST) -> bool:
     """`if rank != 0: return` (or `continue`/`raise`) earlier in the function."""
     for stmt in facts.walk_local(function):
@@ -87,6 +88,7 @@ def _locally_guarded(facts: Facts, node: ast.AST) -> bool:
     )
 
 
+@exemption("TL803", "neg_save_method_behind_project_rank_decorator.py")
 def _rank_zero_wrapper(facts: Facts, function: FunctionNode) -> bool:
     """`function` is decorated with a project decorator (this file's or imported) whose
     wrapper calls the function it wraps only under a rank test (`def main_process(func):`
@@ -156,6 +158,7 @@ def _rank_guarded(facts: Facts, node: ast.AST, depth: int = 0) -> bool:
     return all(_rank_guarded(facts, site, depth + 1) for site in sites)
 
 
+@exemption("TL803", "neg_save_on_rank_zero.py")
 def _per_rank_path(facts: Facts, call: ast.Call) -> bool:
     """The file name mentions the rank: each process writes its own file (a shard); or the
     destination is an in-memory buffer (`io.BytesIO()`), which writes no file at all."""
