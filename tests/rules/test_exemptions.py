@@ -69,4 +69,3 @@ def test_an_exemption_must_name_a_negative_fixture_and_say_what_it_recognises() 
         exemption("TL101", "pos_softmax.py")(quiet)
     with pytest.raises(ValueError, match="needs a docstring"):
         exemption("TL101", "neg_softmax.py")(lambda: False)
-
