@@ -136,6 +136,6 @@ def capture_output(path: str, cap: int) -> OutputBudget:
     os.close(fd)
     budget = OutputBudget(cap)
     raw = open(1, "w", encoding="utf-8", errors="replace", buffering=1, closefd=False)  # noqa: SIM115
-    sys.stdout = CappedText(raw, budget)  # type: ignore[assignment]
-    sys.stderr = CappedText(raw, budget)  # type: ignore[assignment]
+    sys.stdout = CappedText(raw, budget)
+    sys.stderr = CappedText(raw, budget)
     return budget

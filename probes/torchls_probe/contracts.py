@@ -162,7 +162,7 @@ def _class_range(t: torch.Tensor, ignore_index: int) -> tuple[int, int] | None:
 def _range(x: torch.Tensor) -> tuple[float, float]:
     """(min, max) in one reduction and one device->host transfer."""
     low, high = torch.aminmax(x)
-    return tuple(torch.stack([low, high]).tolist())  # type: ignore[return-value]
+    return tuple(torch.stack([low, high]).tolist())
 
 
 def _probabilities_as_logits(name: str, x: torch.Tensor, class_dim: int) -> list[Violation]:

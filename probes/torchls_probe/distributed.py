@@ -920,7 +920,7 @@ class Distributed:
         while True:
             found = [self.exchange.read(f"done.{r}.json") for r in wanted]
             if all(isinstance(item, dict) for item in found):
-                return found  # type: ignore[return-value]
+                return found
             if self.terminated or self._event("hang") or self._event("crash"):
                 return None
             gone = [r for r, item in zip(wanted, found, strict=True) if item is None]

@@ -83,7 +83,7 @@ def find_function(reference: str, default_file: str, what: str) -> Callable[...,
             raise SetupError(f"the {what} function {name!r} was not found in {path}")
     if not callable(function):
         raise SetupError(f"the {what} entry {name!r} in {path} is not callable")
-    return function  # type: ignore[return-value]
+    return function
 
 
 def call_setup(setup: Callable[..., Any], device: Any, extra: dict[str, Any]) -> Any:

@@ -90,4 +90,4 @@ def _answer_size_for_captured_streams(columns: int, lines: int) -> None:
                 return original(0)
             return os.terminal_size((columns, lines))
 
-    os.get_terminal_size = get_terminal_size  # type: ignore[assignment]
+    os.get_terminal_size = get_terminal_size

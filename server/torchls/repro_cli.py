@@ -43,10 +43,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     parse = repro.parse_known_args
 
-    def parse_known_args(args=None, namespace=None):  # type: ignore[no-untyped-def]
+    def parse_known_args(args=None, namespace=None):
         return parse(join_dashed_values(args), namespace)
 
-    repro.parse_known_args = parse_known_args  # type: ignore[method-assign]
+    repro.parse_known_args = parse_known_args
     repro.add_argument("--device", help=f"{DEVICE_CHOICES} (default auto)")
     repro.add_argument(
         "--steps", type=int, help=f"optimizer steps before stopping (default {DEFAULT_STEPS})"
@@ -257,7 +257,7 @@ def _launch_folder(options: object) -> object:
         note = f"torchls: note: running from the project root, not {here}: {problem}"
         print(note, file=sys.stderr)
         return options
-    return replace(options, cwd=str(here))  # type: ignore[type-var]
+    return replace(options, cwd=str(here))
 
 
 def _write_report(path: str, page: str) -> bool:

@@ -101,7 +101,7 @@ def _held_values(
         values = facts.parameter_arguments(expr)
     elif isinstance(expr, ast.Name):
         scope = facts.scope(expr)
-        assignments = facts.assignments_of(expr.id, scope)  # type: ignore[arg-type]
+        assignments = facts.assignments_of(expr.id, scope)
         if not assignments and scope is not facts.tree:
             assignments = facts.assignments_of(expr.id, facts.tree)
         if any(a.value is None or a.index is not None or a.loop for a in assignments):

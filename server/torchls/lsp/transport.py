@@ -137,7 +137,7 @@ class FrameReader:
 class TorchProtocol(LanguageServerProtocol):
     """The LSP protocol with answers for malformed requests and no per-notification leak."""
 
-    def _execute_handler(self, msg_id, handler, callback, args=None, kwargs=None):  # type: ignore[no-untyped-def]
+    def _execute_handler(self, msg_id, handler, callback, args=None, kwargs=None):
         super()._execute_handler(msg_id, handler, callback, args, kwargs)
         future = self._request_futures.get(msg_id)
         if future is None:

@@ -15,6 +15,7 @@ import ast
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+from torchls.analysis.queries.state import FileState
 from torchls.analysis.queries.vocabulary import (
     LIBRARY_ROOTS,
     FunctionNode,
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from torchls.analysis.summaries import Summary
 
 
-class SummaryQueries:
+class SummaryQueries(FileState):
     """Mixin of `Facts` (see the module docstring); reads the state `Facts.__init__` sets."""
 
     def callee(self, call: ast.Call) -> tuple[Facts, FunctionNode, bool] | None:

@@ -15,6 +15,7 @@ import ast
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+from torchls.analysis.queries.state import FileState
 from torchls.analysis.queries.vocabulary import (
     DIST_AUTOGRAD,
     GRAD_DISABLING,
@@ -43,7 +44,7 @@ _KNOWN_DECORATOR_MODULES = ("torch.", "functools.", "abc.", "typing.", "contextl
 _SCOPE_TYPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.Module)
 
 
-class FlowQueries:
+class FlowQueries(FileState):
     """Mixin of `Facts` (see the module docstring); reads the state `Facts.__init__` sets."""
 
     if TYPE_CHECKING:
@@ -264,7 +265,7 @@ class FlowQueries:
             return False
         if any(a.stmt is not function for a in self.assignments_of(key, function)):
             return False  # rebound inside: the caller's module may not be what runs
-        sites = self.call_sites(function)  # type: ignore[arg-type]
+        sites = self.call_sites(function)
         if not sites:
             return False
         for site in sites:
@@ -718,7 +719,7 @@ class FlowQueries:
     def _evaluating_sites(self, function: FunctionNode) -> list[tuple[ast.Call, str, ast.expr]]:
         if not any(
             isinstance(node, ast.If) and guard_of(self, function, node.test, True) is not None
-            for node in self.scope_nodes.get(function, ())  # type: ignore[attr-defined]
+            for node in self.scope_nodes.get(function, ())
         ):
             return []  # no `if` tests a parameter: nothing can switch training off
 
@@ -754,7 +755,7 @@ Guard = tuple[str, str, object]
 def _parameter_guard(facts: FlowQueries, function: FunctionNode, call: ast.Call) -> Guard | None:
     """The test of one parameter of `function` that `call` runs under (the nearest `if`)."""
     child: ast.AST = call
-    current = facts.parents.get(call)  # type: ignore[attr-defined]
+    current = facts.parents.get(call)
     while current is not None and current is not function:
         if isinstance(current, ast.If):
             in_body = any(child is stmt for stmt in current.body)
@@ -763,7 +764,7 @@ def _parameter_guard(facts: FlowQueries, function: FunctionNode, call: ast.Call)
                 return guard
         if isinstance(current, _SCOPE_TYPES):
             return None
-        child, current = current, facts.parents.get(current)  # type: ignore[attr-defined]
+        child, current = current, facts.parents.get(current)
     return None
 
 
@@ -779,9 +780,9 @@ def guard_of(
     positive = in_body != negated  # the call runs where the test (without `not`) is true
     if isinstance(test, ast.Name) and facts.parameter_of(test) is not function:  # type: ignore[attr-defined]
         # `is_train = optimizer is not None` once at the top, then `if is_train:`.
-        bound = facts.assignments_of(test.id, function)  # type: ignore[attr-defined]
+        bound = facts.assignments_of(test.id, function)
         if len(bound) == 1 and bound[0].value is not None and bound[0].index is None:
-            if facts.parents.get(bound[0].stmt) is function:  # type: ignore[attr-defined]
+            if facts.parents.get(bound[0].stmt) is function:
                 return guard_of(facts, function, bound[0].value, positive)
         return None
     name: ast.expr | None = None

@@ -16,6 +16,7 @@ import ast
 from collections.abc import Iterator
 from functools import cached_property
 
+from torchls.analysis.queries.state import FileState
 from torchls.analysis.queries.vocabulary import (
     _PLAIN_TYPES,
     Assignment,
@@ -60,7 +61,7 @@ def _fields_with_nodes(node_type: type) -> tuple[str, ...]:
     return tuple(f for f in node_type._fields if f not in _LEAF_FIELDS)
 
 
-class IndexQueries:
+class IndexQueries(FileState):
     """Mixin of `Facts` (see the module docstring); reads the state `Facts.__init__` sets."""
 
     def _collect(self) -> None:
@@ -167,7 +168,7 @@ class IndexQueries:
         table = self.assignments[node]
         args = node.args
         for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs]:
-            table.setdefault(arg.arg, []).append(Assignment(node, None))  # type: ignore[arg-type]
+            table.setdefault(arg.arg, []).append(Assignment(node, None))
 
     def _note(self, node: ast.AST, scope: ScopeNode, klass: ast.ClassDef | None) -> None:
         if isinstance(node, ast.Call):
@@ -599,7 +600,7 @@ class IndexQueries:
             return None
         if scope is self.tree or len(self.assignments.get(self.tree, {}).get(name.id, ())) < 2:
             return None  # one module-level binding: no choice to follow
-        sites = self.call_sites(scope)  # type: ignore[attr-defined,arg-type]
+        sites = self.call_sites(scope)
         if not sites or any(self.scope(site) is not self.tree for site in sites):
             return None
         found: set[int] = set()
@@ -698,7 +699,7 @@ def _blocks(stmt: ast.stmt) -> list[list[ast.stmt]]:
 
 
 def _bound_by(facts: IndexQueries, stmt: ast.stmt, name: str) -> State | None:
-    scope_table = facts.assignments.get(facts.scope(stmt), {})  # type: ignore[attr-defined]
+    scope_table = facts.assignments.get(facts.scope(stmt), {})
     bound = frozenset(id(a) for a in scope_table.get(name, ()) if a.stmt is stmt)
     return bound or None
 

@@ -13,6 +13,7 @@ import ast
 from functools import cached_property, lru_cache
 
 from torchls.analysis.objects import ObjectModel
+from torchls.analysis.queries.state import FileState
 from torchls.analysis.queries.vocabulary import (
     ACTIVATION_MODULES,
     DATA_DISPLAYS,
@@ -30,7 +31,7 @@ from torchls.analysis.queries.vocabulary import (
 )
 
 
-class KindQueries:
+class KindQueries(FileState):
     """Mixin of `Facts` (see the module docstring); reads the state `Facts.__init__` sets."""
 
     def module_class(self, name: str, depth: int = 0) -> ClassInfo | None:

@@ -138,7 +138,7 @@ def _evaluates_by_behaviour(facts: Facts, call: ast.Call, loop: ast.AST, functio
         return True
     scope = facts.scope(call)
     for name in names:
-        for assignment in facts.assignments_of(name, scope):  # type: ignore[arg-type]
+        for assignment in facts.assignments_of(name, scope):
             statement = assignment.stmt
             if (
                 assignment.value is not None

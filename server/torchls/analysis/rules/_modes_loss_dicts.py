@@ -31,7 +31,7 @@ def _dict_iteration(facts: Facts, name: ast.Name) -> tuple[ast.Dict, str] | None
     source, method = loop.iter, None
     if isinstance(source, ast.Call) and isinstance(source.func, ast.Attribute) and not source.args:
         source, method = source.func.value, source.func.attr
-    display = _dict_display(facts, source)  # type: ignore[arg-type]
+    display = _dict_display(facts, source)
     if display is None:
         return None
     target = loop.target

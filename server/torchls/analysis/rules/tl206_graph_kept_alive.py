@@ -307,7 +307,7 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
             loops = facts.enclosing_loops(node)
             if loss is None or not loops or facts.in_no_grad(node):
                 continue
-            assignments = facts.assignments_of(accumulator, scope)  # type: ignore[arg-type]
+            assignments = facts.assignments_of(accumulator, scope)
             # The running sum's own rebinding (`total = total + v`) does not make it per-step.
             assignments = [a for a in assignments if a.stmt is not node]
             if not assignments or not _outlives_a_step(facts, loops, assignments):
@@ -358,7 +358,7 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
                             facts.source.column(loss.end_lineno, loss.end_col_offset),
                             ".item()",
                         ),
-                    ),  # type: ignore[arg-type]
+                    ),
                 )
             if isinstance(loss, ast.Call):
                 message = (

@@ -303,16 +303,14 @@ def checkpoint_config_not_plain_data(facts: Facts) -> Iterator[Hit]:
             fix = Fix(
                 applicability,
                 f"Store `vars({text})`",
-                (  # type: ignore[arg-type]
-                    replace_node(facts, value, f"vars({text})"),
-                ),
+                (replace_node(facts, value, f"vars({text})"),),
             )
         elif kind == "dataclass":
             asdict, import_edits = _asdict_spelling(facts)
             fix = Fix(
                 applicability,
                 f"Store `{asdict}({text})`",
-                (  # type: ignore[arg-type]
+                (
                     *import_edits,
                     replace_node(facts, value, f"{asdict}({text})"),
                 ),

@@ -117,7 +117,7 @@ def _amp_fix(
     if torch is None:
         return None
     scope = facts.scope(node)
-    if scope is not facts.tree and facts.assignments_of(torch, scope):  # type: ignore[arg-type]
+    if scope is not facts.tree and facts.assignments_of(torch, scope):
         return None  # `torch` means something else here
     new_func = f"{torch}.amp.{name}"
     message = f"Use `{new_func}` for {device}"

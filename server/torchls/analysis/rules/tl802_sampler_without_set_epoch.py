@@ -335,7 +335,7 @@ def _insert_set_epoch(
             return None  # `sampler = DistributedSampler(...) if distributed else None`
         if facts.scope(assignment) is not scope or not _unconditional(facts, assignment, scope):
             return None
-        bindings = facts.assignments_of(sampler_key, scope)  # type: ignore[arg-type]
+        bindings = facts.assignments_of(sampler_key, scope)
         if "." in sampler_key or len(bindings) != 1:
             return None
         target = sampler_key
