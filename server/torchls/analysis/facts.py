@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from torchls.analysis.queries.calls import SummaryQueries
 from torchls.analysis.queries.flow import FlowQueries
-from torchls.analysis.queries.index import IndexQueries
 from torchls.analysis.queries.kinds import KindQueries
 from torchls.analysis.queries.values import ValueQueries
 from torchls.analysis.queries.vocabulary import (
@@ -100,7 +99,7 @@ __all__ = [
 ]
 
 
-class Facts(IndexQueries, KindQueries, ValueQueries, FlowQueries, SummaryQueries):
+class Facts(KindQueries, ValueQueries, FlowQueries, SummaryQueries):
     """Everything rules need to know about one file; computed lazily, each part once."""
 
     def __init__(

@@ -15,7 +15,7 @@ import ast
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from torchls.analysis.queries.state import FileState
+from torchls.analysis.queries.index import IndexQueries
 from torchls.analysis.queries.vocabulary import (
     LIBRARY_ROOTS,
     FunctionNode,
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from torchls.analysis.summaries import Summary
 
 
-class SummaryQueries(FileState):
+class SummaryQueries(IndexQueries):
     """Mixin of `Facts` (see the module docstring); reads the state `Facts.__init__` sets."""
 
     def callee(self, call: ast.Call) -> tuple[Facts, FunctionNode, bool] | None:

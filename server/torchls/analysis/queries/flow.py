@@ -15,7 +15,7 @@ import ast
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from torchls.analysis.queries.state import FileState
+from torchls.analysis.queries.index import IndexQueries
 from torchls.analysis.queries.vocabulary import (
     DIST_AUTOGRAD,
     GRAD_DISABLING,
@@ -44,7 +44,7 @@ _KNOWN_DECORATOR_MODULES = ("torch.", "functools.", "abc.", "typing.", "contextl
 _SCOPE_TYPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.Module)
 
 
-class FlowQueries(FileState):
+class FlowQueries(IndexQueries):
     """Mixin of `Facts` (see the module docstring); reads the state `Facts.__init__` sets."""
 
     if TYPE_CHECKING:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from torchls.analysis.queries.state import FileState
 from torchls.analysis.queries.vocabulary import (
@@ -62,7 +63,13 @@ def _fields_with_nodes(node_type: type) -> tuple[str, ...]:
 
 
 class IndexQueries(FileState):
-    """Mixin of `Facts` (see the module docstring); reads the state `Facts.__init__` sets."""
+    """Mixin of `Facts` (see the module docstring); reads the state `Facts.__init__` sets.
+    The first phase: the other query mixins derive from it, so what they read of the index is
+    typed; it asks one later question itself, declared below for the type checker."""
+
+    if TYPE_CHECKING:
+
+        def call_sites(self, function: FunctionNode) -> list[ast.Call]: ...  # flow.py
 
     def _collect(self) -> None:
         # One iterative walk (deep nesting must not hit the recursion limit) that records

@@ -13,7 +13,7 @@ import ast
 from functools import cached_property, lru_cache
 
 from torchls.analysis.objects import ObjectModel
-from torchls.analysis.queries.state import FileState
+from torchls.analysis.queries.index import IndexQueries
 from torchls.analysis.queries.vocabulary import (
     ACTIVATION_MODULES,
     DATA_DISPLAYS,
@@ -31,7 +31,7 @@ from torchls.analysis.queries.vocabulary import (
 )
 
 
-class KindQueries(FileState):
+class KindQueries(IndexQueries):
     """Mixin of `Facts` (see the module docstring); reads the state `Facts.__init__` sets."""
 
     def module_class(self, name: str, depth: int = 0) -> ClassInfo | None:

@@ -15,7 +15,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from torchls.analysis.objects import ObjectModel
-from torchls.analysis.queries.state import FileState
+from torchls.analysis.queries.index import IndexQueries
 from torchls.analysis.queries.tensors import activation_of
 from torchls.analysis.queries.vocabulary import (
     DETACHING_METHODS,
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from torchls.analysis.resolver import CachedView, Definition, Workspace
 
 
-class ValueQueries(FileState):
+class ValueQueries(IndexQueries):
     """Mixin of `Facts` (see the module docstring); reads the state `Facts.__init__` sets."""
 
     if TYPE_CHECKING:
