@@ -13,7 +13,7 @@ from pathlib import PurePath
 
 from torchls.analysis import keras as k
 from torchls.analysis.facts import Facts
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 
 
 def _is_test_file(facts: Facts) -> bool:
@@ -21,6 +21,7 @@ def _is_test_file(facts: Facts) -> bool:
     return path.name.startswith("test_") or path.name.endswith("_test.py")
 
 
+@exemption("TL605", "neg_debug_flag.py")
 def _guarded(facts: Facts, node: ast.AST) -> bool:
     """Under an `if` (a `--debug` switch): deliberate, not left on by accident."""
     current = facts.parents.get(node)

@@ -12,7 +12,7 @@ import ast
 from collections.abc import Iterator
 
 from torchls.analysis.facts import ClassInfo, Facts, FunctionNode
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._lightning import MAX_DEPTH
 
 
@@ -54,8 +54,10 @@ def _subclasses(facts: Facts, name: str, depth: int = 0) -> list[ClassInfo]:
     return found
 
 
+@exemption("TL701", "neg_manual_optimization_in_order.py")
 def _sets_automatic_optimization(info: ClassInfo) -> bool:
-    """Any sign that the class controls automatic optimization (other than setting it True)."""
+    """The class controls automatic optimization itself (any assignment or property of
+    `automatic_optimization` other than setting it True): its backward calls are its own."""
     for value in info.attributes.get("automatic_optimization", []):
         if not (isinstance(value, ast.Constant) and value.value is True):
             return True
@@ -113,9 +115,11 @@ def _inner_optimizer(facts: Facts, expr: ast.expr | None) -> bool:
     return bool(owners) and not any(o == "self" or o.startswith("self.") for o in owners)
 
 
+@exemption("TL701", "neg_inner_loop_optimizer.py")
 def _inner_loop_backward(facts: Facts, call: ast.Call) -> bool:
-    """A `backward()` inside a loop that steps an inner optimizer (see `_inner_optimizer`):
-    the gradients of that loop's own update."""
+    """A `backward()` inside a loop that steps an inner optimizer the function builds itself
+    (a meta-learning or adversarial inner loop): the gradients of that loop's own update, not
+    of the training step Lightning runs."""
     loops = facts.enclosing_loops(call)
     if not loops:
         return False
