@@ -42,7 +42,9 @@ def softmax_before_cross_entropy(facts: Facts) -> Iterator[Hit]:
     A loss passed as a default argument counts, also one a constructor stores on `self`
     (`def __init__(self, loss=nn.CrossEntropyLoss()): self.loss = loss`); a loss name bound
     to different kinds on different paths (CTC in one branch, cross-entropy in the other) is
-    not reported. When an
+    not reported. A project loss module whose `forward` hands its input to `F.cross_entropy`,
+    also after reshaping or selecting it (`p.permute(0, 2, 3, 1)[mask].view(-1, c)`), counts
+    as cross-entropy. When an
     `if` chooses the model or the tensor (`model = A()` / `model = B()`, a module-level choice
     read by the training function included), a choice that feeds a softmax is reported with
     the line of that choice; a softmax in `forward` under `if self.flag:`, with the flag a
