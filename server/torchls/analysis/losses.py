@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING
 
 from torchls.analysis.findings import Related
 from torchls.analysis.objects import ObjectModel
-from torchls.analysis.queries.vocabulary import LossCall, ObjectKind, parameter_default
+from torchls.analysis.queries.vocabulary import (
+    PASS_THROUGH_FUNCTIONS,
+    PASS_THROUGH_METHODS,
+    LossCall,
+    ObjectKind,
+    parameter_default,
+)
 from torchls.records import record
 
 if TYPE_CHECKING:
@@ -146,10 +152,10 @@ class WrappedLosses:
 
 def _wrapped_loss(facts: Facts, call: ast.Call) -> str | None:
     """The kind of loss a project loss module applies to its input: its `forward` hands its
-    first parameter, unchanged, as the input of losses of one known kind
-    (`def forward(self, inputs, targets): bce = F.binary_cross_entropy_with_logits(inputs,
-    targets, reduction="none")`, a focal loss). Only logits losses count: what they expect of
-    the input holds whatever the wrapper does with the loss values afterwards."""
+    first parameter, unchanged or only reshaped, cast or selected, as the input of losses of
+    one known kind (`bce = F.binary_cross_entropy_with_logits(inputs, targets)` in a focal
+    loss). Only logits losses count: what they expect of the input holds whatever the
+    wrapper does with the loss values afterwards."""
     instance = facts.module_instance(call)
     if instance is None:
         return None
@@ -168,26 +174,80 @@ def _forward_loss_of_input(owner: Facts, info: ClassInfo) -> str | None:
     params = [a.arg for a in [*forward.args.posonlyargs, *forward.args.args]][1:]
     if not params:
         return None
-    name = params[0]
-    if any(
-        isinstance(n, ast.Name) and n.id == name and not isinstance(n.ctx, ast.Load)
-        for n in owner.walk_local(forward)
-    ):
-        return None  # rebound: the loss may see something else
+    carriers = _carriers_of(owner, forward, params[0])
+    if carriers is None:
+        return None  # rebound to something else: the loss may see another value
     kinds: set[str] = set()
     for inner in owner.calls_in(forward):
-        if not any(isinstance(a, ast.Name) and a.id == name for a in inner.args):
+        if not any(_passes_through(owner, a, carriers) for a in inner.args):
             continue
         found = loss_kind_of_call(owner, inner)
         if found is None:
             continue
         argument = _argument(inner, 0, "input")
-        if not (isinstance(argument, ast.Name) and argument.id == name):
+        if argument is None or not _passes_through(owner, argument, carriers):
             return None  # the input is the loss's target, or goes in after a change
         kinds.add(found[0])
-    if kinds == {"BCEWithLogitsLoss"}:
-        return "BCEWithLogitsLoss"
+    if len(kinds) == 1 and kinds <= {"BCEWithLogitsLoss", "CrossEntropyLoss"}:
+        return kinds.pop()
     return None
+
+
+def _passes_through(owner: Facts, expr: ast.expr, carriers: set[str]) -> bool:
+    """`expr` holds the values of a carrier, only reshaped, cast or selected: a softmax
+    output stays one through `p.transpose(1, 2).contiguous()[mask].view(-1, c)`."""
+    while True:
+        if isinstance(expr, ast.Name):
+            return expr.id in carriers
+        if isinstance(expr, ast.Subscript):
+            expr = expr.value
+        elif (
+            isinstance(expr, ast.Call)
+            and isinstance(expr.func, ast.Attribute)
+            and (expr.func.attr in PASS_THROUGH_METHODS)
+        ):
+            expr = expr.func.value
+        elif (
+            isinstance(expr, ast.Call)
+            and expr.args
+            and (owner.call_qualname(expr) in PASS_THROUGH_FUNCTIONS)
+        ):
+            expr = expr.args[0]
+        else:
+            return False
+
+
+def _carriers_of(owner: Facts, forward: ast.AST, name: str) -> set[str] | None:
+    """The local names of `forward` that hold its parameter `name`'s values, only reshaped,
+    cast or selected (`predict = predict.transpose(1, 2)`); None when the parameter is rebound
+    to anything else. A carrier bound otherwise on some path is not one."""
+    stores: dict[str, list[ast.expr | None]] = {}
+    plain: set[int] = set()
+    nodes = list(owner.walk_local(forward))
+    for node in nodes:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            if isinstance(node.targets[0], ast.Name):
+                stores.setdefault(node.targets[0].id, []).append(node.value)
+                plain.add(id(node.targets[0]))
+    for node in nodes:
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            if id(node) not in plain:
+                stores.setdefault(node.id, []).append(None)  # unpacked, looped, augmented
+    carriers = {name}
+    changed = True
+    while changed:
+        changed = False
+        for local, values in stores.items():
+            if local in carriers:
+                continue
+            held = carriers | {local}  # `flat = flat.view(-1, c)` keeps what `flat` held
+            if all(v is not None and _passes_through(owner, v, held) for v in values):
+                carriers.add(local)
+                changed = True
+    rebound = stores.get(name, [])
+    if not all(v is not None and _passes_through(owner, v, carriers) for v in rebound):
+        return None
+    return carriers
 
 
 def _loss_object_kind(facts: Facts, func: ast.expr, depth: int = 0) -> ObjectKind | None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from torchls.analysis.facts import Facts, LossCall, Origin
 from torchls.analysis.findings import Fix, Related
+from torchls.analysis.library_loops import LibraryLoop, library_loops
 from torchls.analysis.queries.tensors import activation_input, activation_of
 from torchls.analysis.rules._edits import replace_node
 from torchls.records import replace
@@ -120,6 +121,20 @@ def _input_rule(
             continue
         fix = pass_logits_fix(facts, loss_call.input, origins, what) if fixable else None
         yield loss_call, origins, fix
+
+
+def library_loop_inputs(
+    facts: Facts, loss: str, accepted: set[str]
+) -> Iterator[tuple[LibraryLoop, list[Origin]]]:
+    """Library-owned loops (`NeuralNet(Net, criterion=nn.CrossEntropyLoss)`) whose criterion
+    is of kind `loss` and whose module's every `forward` return is an activation in
+    `accepted`."""
+    for loop in library_loops(facts):
+        if loop.loss != loss:
+            continue
+        origins = list(loop.origins)
+        if all(activation_of(facts, origin) in accepted for origin in origins):
+            yield loop, [replace(origin, branch=None) for origin in origins]
 
 
 def _short(facts: Facts, node: ast.AST | None) -> str:

@@ -9,7 +9,12 @@ from collections.abc import Iterator
 from torchls.analysis.facts import Facts
 from torchls.analysis.losses import loss_related
 from torchls.analysis.registry import Hit, rule
-from torchls.analysis.rules._losses import _input_rule, describe, related_for
+from torchls.analysis.rules._losses import (
+    _input_rule,
+    describe,
+    library_loop_inputs,
+    related_for,
+)
 
 
 @rule(
@@ -42,7 +47,12 @@ def softmax_before_cross_entropy(facts: Facts) -> Iterator[Hit]:
     A loss passed as a default argument counts, also one a constructor stores on `self`
     (`def __init__(self, loss=nn.CrossEntropyLoss()): self.loss = loss`); a loss name bound
     to different kinds on different paths (CTC in one branch, cross-entropy in the other) is
-    not reported. When an
+    not reported. A project loss module whose `forward` hands its input to `F.cross_entropy`,
+    also after reshaping or selecting it (`p.permute(0, 2, 3, 1)[mask].view(-1, c)`), counts
+    as cross-entropy. A loop a library owns is checked too: a skorch net (or a project
+    subclass of one that keeps skorch's loss step) built with `criterion=nn.CrossEntropyLoss`
+    and a module class whose `forward` ends in a softmax (`NeuralNetClassifier(Net,
+    criterion=nn.CrossEntropyLoss)`); other wrappers are not followed. When an
     `if` chooses the model or the tensor (`model = A()` / `model = B()`, a module-level choice
     read by the training function included), a choice that feeds a softmax is reported with
     the line of that choice; a softmax in `forward` under `if self.flag:`, with the flag a
@@ -73,4 +83,12 @@ def softmax_before_cross_entropy(facts: Facts) -> Iterator[Hit]:
             "a softmax output; cross-entropy expects raw logits",
             fix,
             related_for(facts, origins, "softmax") + loss_related(facts, loss_call),
+        )
+    for loop, origins in library_loop_inputs(facts, "CrossEntropyLoss", {"softmax", "log_softmax"}):
+        yield Hit(
+            loop.module,
+            f"the net trains {describe(facts, loop.module, origins[0])} with CrossEntropyLoss, but "
+            "its forward output is already a softmax output; cross-entropy expects raw logits",
+            None,
+            related_for(facts, origins, "softmax"),
         )

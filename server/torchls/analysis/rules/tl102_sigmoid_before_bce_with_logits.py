@@ -9,7 +9,12 @@ from collections.abc import Iterator
 from torchls.analysis.facts import Facts
 from torchls.analysis.losses import loss_related
 from torchls.analysis.registry import Hit, rule
-from torchls.analysis.rules._losses import _input_rule, describe, related_for
+from torchls.analysis.rules._losses import (
+    _input_rule,
+    describe,
+    library_loop_inputs,
+    related_for,
+)
 
 
 @rule(
@@ -24,11 +29,12 @@ def sigmoid_before_bce_with_logits(facts: Facts) -> Iterator[Hit]:
     ## What it catches
     The input of `nn.BCEWithLogitsLoss` / `F.binary_cross_entropy_with_logits` is a sigmoid
     output, also after shape-only steps and casts (`torch.squeeze(p)`, `p.type(dtype)`), and
-    also for a project loss module whose `forward` hands its input unchanged to
-    `binary_cross_entropy_with_logits` (a focal loss). The sigmoid is found where TL101
-    finds a softmax: in a model's `forward` or an `nn.Sequential` (another project file
+    also for a project loss module whose `forward` hands its input (unchanged, reshaped or
+    selected) to `binary_cross_entropy_with_logits` (a focal loss). The sigmoid is found
+    where TL101 finds a softmax: in a model's `forward` or an `nn.Sequential` (another project file
     included), a head kept on `self` (built in either arm of an `if`, or attached by another
-    method), a module a wrapper is handed, a network handed in by another file's callers.
+    method), a module a wrapper is handed, a network handed in by another file's callers;
+    and, as TL101, a module class a skorch net trains with `criterion=nn.BCEWithLogitsLoss`.
 
     ## Why it is wrong
     The "with logits" losses apply the sigmoid themselves. A second sigmoid maps every
@@ -53,4 +59,13 @@ def sigmoid_before_bce_with_logits(facts: Facts) -> Iterator[Hit]:
             "a sigmoid output; the loss applies the sigmoid itself",
             fix,
             related_for(facts, origins, "sigmoid") + loss_related(facts, loss_call),
+        )
+    for loop, origins in library_loop_inputs(facts, "BCEWithLogitsLoss", {"sigmoid"}):
+        yield Hit(
+            loop.module,
+            f"the net trains {describe(facts, loop.module, origins[0])} with "
+            "BCEWithLogitsLoss, but its forward output is already a sigmoid output; the loss "
+            "applies the sigmoid itself",
+            None,
+            related_for(facts, origins, "sigmoid"),
         )
