@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 
 from torchls.analysis.facts import Facts
+from torchls.analysis.objects import ObjectModel, Value
 from torchls.analysis.rules._distributed import MAX_DEPTH
 
 SAMPLERS = {
@@ -67,7 +68,8 @@ def _constructed_loader(
     facts: Facts, expr: ast.AST | None, depth: int = 0
 ) -> tuple[Facts, ast.Call] | None:
     """The `DataLoader(...)` call `expr` holds, through names, parameters bound at every call
-    site, single-valued `self` attributes, factory returns and argument-returning wrappers."""
+    site, single-valued `self` attributes, factory returns (a returned tuple's element too) and
+    argument-returning wrappers."""
     if expr is None or depth > MAX_DEPTH * 2:
         return None
     if isinstance(expr, ast.Call):
@@ -83,12 +85,28 @@ def _constructed_loader(
             return _constructed_loader(facts, handed_back[0], depth + 1)
         return None
     if isinstance(expr, ast.Name):
+        unpacked = _unpacked_element(facts, expr)
+        if unpacked is not None:
+            return _constructed_loader(unpacked.facts, unpacked.expr, depth + 1)
         return _constructed_loader(facts, facts.binding_value(expr), depth + 1)
     if isinstance(expr, ast.Attribute):
         values = facts.self_attribute_values(expr)
         if len(values) == 1:
             return _constructed_loader(facts, values[0], depth + 1)
     return None
+
+
+def _unpacked_element(facts: Facts, name: ast.Name) -> Value | None:
+    """What `name` holds when it is unpacked from a project function's returned tuple
+    (`train_loader, val_loader = build_loaders(cfg)`, the factory in another module): that
+    position of the tuple, when every return of the factory agrees on one expression."""
+    assignment = facts.reaching_assignment(name)
+    if assignment is None or assignment.index is None or assignment.loop is not None:
+        return None
+    if not isinstance(assignment.value, ast.Call):
+        return None
+    found = facts.get(ObjectModel).returned_element(assignment.value, assignment.index)
+    return found[0] if found is not None and len(found) == 1 else None
 
 
 def _sampler_of(facts: Facts, loader: ast.Call) -> ast.Call | None:

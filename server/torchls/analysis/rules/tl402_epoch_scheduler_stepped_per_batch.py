@@ -26,6 +26,11 @@ from torchls.analysis.rules._optimization import (
     owns_lines,
     statement_text,
 )
+from torchls.analysis.rules._optimization_narrowing import (
+    TYPE_DESIGNS,
+    narrowed_scheduler,
+    tests_only_scheduler,
+)
 from torchls.analysis.schedulers import (
     constructor_related,
     schedule_design,
@@ -46,6 +51,8 @@ def _stepped_per_batch(facts: Facts, call: ast.Call) -> tuple[bool, ast.AST | No
     if loop is not None:
         counters = loop_counters(facts, loop)
         for condition in facts.conditions_between(call, loop):
+            if tests_only_scheduler(facts, condition.test, facts.receiver(call)):
+                continue
             mentions_len = any(
                 isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "len"
                 for n in ast.walk(condition.test)
@@ -61,7 +68,11 @@ def _stepped_per_batch(facts: Facts, call: ast.Call) -> tuple[bool, ast.AST | No
     sites = facts.call_sites(function)
     if not sites or not all(_per_batch_loop(facts, site) is not None for site in sites):
         return False, None
-    if any(not _optimizer_step_inside(facts, c) for c in facts.conditions_between(call, function)):
+    receiver = facts.receiver(call)
+    if any(
+        not _optimizer_step_inside(facts, c) and not tests_only_scheduler(facts, c.test, receiver)
+        for c in facts.conditions_between(call, function)
+    ):
         return False, None
     return True, None
 
@@ -103,7 +114,11 @@ def epoch_scheduler_stepped_per_batch(facts: Facts) -> Iterator[Hit]:
     reported; when the unit of the schedule cannot be told, nothing is reported. A scheduler
     that a training function receives as a parameter is the one its in-file callers pass; one
     chosen among several types (`StepLR` or `MultiStepLR` by a config branch) is reported when
-    every type is stepped at the same, wrong, rate.
+    every type is stepped at the same, wrong, rate. A step inside a branch that tests the
+    scheduler's type (`isinstance(s, ReduceLROnPlateau)`, or the class name as text) is
+    judged for that type alone, even when the class is chosen at run time and no constructor
+    is in sight (a plateau stepped in a helper called once per batch); a condition that only
+    tests whether the scheduler is set, or its type, does not change how often it steps.
 
     ## Why it is wrong
     A schedule's length is counted in calls to `step()`. A `StepLR(step_size=30)` meant as
@@ -132,11 +147,21 @@ def epoch_scheduler_stepped_per_batch(facts: Facts) -> Iterator[Hit]:
         # Every binding must be a known scheduler; several types (chosen by a config
         # branch) count when they are all meant to be stepped at the same rate.
         constructors = scheduler_constructors(facts, facts.receiver(call))
-        if not constructors:
-            continue
-        model = facts.get(ObjectModel)
-        name = "/".join(sorted({model.owner_of(c).short_name(c) for c in constructors}))
-        designs = {schedule_design(facts, c) for c in constructors}
+        narrowed = narrowed_scheduler(facts, call)
+        if constructors and narrowed is not None:
+            # Among the types a configuration may build, the branch steps only this one.
+            model = facts.get(ObjectModel)
+            constructors = [c for c in constructors if model.owner_of(c).short_name(c) == narrowed]
+            if not constructors:
+                continue
+        if constructors:
+            model = facts.get(ObjectModel)
+            name = "/".join(sorted({model.owner_of(c).short_name(c) for c in constructors}))
+            designs = {schedule_design(facts, c) for c in constructors}
+        else:
+            # Chosen at run time: a type test around the step can still say what it is.
+            name = narrowed or ""
+            designs = {TYPE_DESIGNS[name]} if name in TYPE_DESIGNS else set()
         if len(designs) != 1:
             continue
         design = designs.pop()

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from torchls.analysis.facts import Facts
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._optimization import method_calls, names_in
+from torchls.analysis.rules._optimization_narrowing import narrowed_scheduler
 from torchls.analysis.schedulers import scheduler_type
 
 
@@ -23,8 +24,10 @@ from torchls.analysis.schedulers import scheduler_type
 def plateau_step_without_metric(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
-    `scheduler.step()` with no argument where `scheduler` is a `ReduceLROnPlateau` (every
-    binding of the name builds one).
+    `scheduler.step()` with no argument where `scheduler` is a `ReduceLROnPlateau`: every
+    binding of the name builds one, or the branch the call sits in tests that it is one
+    (`isinstance(scheduler, ReduceLROnPlateau)`, or its class name compared as text), as
+    happens when the scheduler's class is chosen at run time.
 
     ## Why it is wrong
     `ReduceLROnPlateau` decides from the value it is given: `step(metrics)` is its required
@@ -48,6 +51,18 @@ def plateau_step_without_metric(facts: Facts) -> Iterator[Hit]:
     for call in method_calls(facts, "step"):
         if call.args or call.keywords:
             continue
+        text = facts.source.segment(facts.receiver(call))  # type: ignore[arg-type]
+        narrowed = narrowed_scheduler(facts, call)
+        if narrowed is not None:
+            # The branch's own type test says what the scheduler is, whatever was chosen.
+            if narrowed == "ReduceLROnPlateau":
+                yield Hit(
+                    call,
+                    f"`{text}` is a ReduceLROnPlateau in this branch (its type is tested "
+                    f"above): `step()` needs the monitored metric, e.g. `{text}.step(val_loss)` "
+                    "(without it, it raises TypeError)",
+                )
+            continue
         found = scheduler_type(facts, facts.receiver(call))
         if found is None or found[0] != "ReduceLROnPlateau":
             continue
@@ -57,7 +72,6 @@ def plateau_step_without_metric(facts: Facts) -> Iterator[Hit]:
             for branch in branches
         ):
             continue
-        text = facts.source.segment(facts.receiver(call))  # type: ignore[arg-type]
         yield Hit(
             call,
             f"`{text}` is a ReduceLROnPlateau: `step()` needs the monitored metric, e.g. "

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from torchls.analysis.facts import Facts
-from torchls.analysis.findings import Fix
+from torchls.analysis.findings import Fix, Related
 from torchls.analysis.queries.vocabulary import _unwrap_iterable
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._distributed import MAX_DEPTH
@@ -143,7 +143,42 @@ def _loader_aliases(facts: Facts, loader_key: str, scope: ast.AST) -> list[str]:
 
 
 def _set_epoch_calls(facts: Facts) -> list[ast.Call]:
-    return facts.method_calls("set_epoch")
+    """The `set_epoch` calls that may run once per epoch; one that runs a single time, in
+    straight-line code ahead of an epoch loop of its own function, sets the first epoch's
+    seed and no other (`sampler.set_epoch(start_epoch)` before `for epoch in ...`)."""
+    return [call for call in facts.method_calls("set_epoch") if not _runs_once(facts, call)]
+
+
+def _how_often(facts: Facts, keys: set[str | None]) -> str:
+    once = [
+        call
+        for call in facts.method_calls("set_epoch")
+        if facts.key(facts.receiver(call)) in keys and _runs_once(facts, call)
+    ]
+    if once:
+        return f"called on it only once, before the epoch loop (line {once[0].lineno})"
+    return "never called on it"
+
+
+def _runs_once(facts: Facts, call: ast.Call) -> bool:
+    if facts.enclosing_loops(call):
+        return False
+    function = facts.enclosing_function(call)
+    if function is not None and any(facts.enclosing_loops(s) for s in facts.call_sites(function)):
+        return False
+    body = facts.tree.body if function is None else function.body
+    # The statement of the function's body that holds the call (an `if distributed:` or a
+    # `with` around it runs at most once too), and an epoch loop among the later ones.
+    current: ast.AST | None = call
+    while current is not None and not any(item is current for item in body):
+        if isinstance(current, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            return False  # a handler or a callback: it may run every epoch
+        current = facts.parents.get(current)
+    if current is None:
+        return False
+    later = body[next(i for i, item in enumerate(body) if item is current) + 1 :]
+    epoch_loops = facts.epoch_loops
+    return any(any(loop is item for loop in epoch_loops) for item in later)
 
 
 @rule(
@@ -158,14 +193,19 @@ def sampler_without_set_epoch(facts: Facts) -> Iterator[Hit]:
     ## What it catches
     A shuffling `DistributedSampler` whose `DataLoader` is iterated in an epoch loop, while
     nothing in the file calls `set_epoch` on the sampler (`sampler.set_epoch(epoch)` or
-    `loader.sampler.set_epoch(epoch)`). The sampler may be built through a name bound to its
-    class (`sampler_cls = RandomSampler if local_rank == -1 else DistributedSampler`: a
-    distributed run builds the DistributedSampler). The loader may reach the loop through a project
-    wrapper that returns it (`backend.distribute(loader)`), a factory, or a constructor
-    parameter stored on `self` and iterated in a method the epoch loop calls; or it is
-    handed, outside any loop, to a function of the file that owns the epoch loop
-    (`train(args, loader, ...)` iterating it once per epoch, or restarting `iter(loader)`
-    inside its step loop). Samplers built
+    `loader.sampler.set_epoch(epoch)`) where it can run every epoch: a call that runs only
+    once, in straight-line code ahead of the epoch loop of its function
+    (`sampler.set_epoch(start_epoch)` before `for epoch in ...`), does not count. The
+    sampler may be built through a name bound to its class (`sampler_cls = RandomSampler
+    if local_rank == -1 else DistributedSampler`: a distributed run builds the
+    DistributedSampler). The loader may reach the loop through a project wrapper that
+    returns it (`backend.distribute(loader)`), a factory, or a constructor parameter stored
+    on `self` and iterated in a method the epoch loop calls; or it is handed, outside any
+    loop, to a function of the file that owns the epoch loop (`train(args, loader, ...)`
+    iterating it once per epoch, or restarting `iter(loader)` inside its step loop). A
+    loader unpacked from a factory's returned tuple (`train_loader, val_loader =
+    build_loaders(cfg)`, in another module) is followed to its position in that tuple.
+    Samplers built
     with `shuffle=False` (evaluation), loaders named like validation/test ones, and loaders
     handed to Accelerate's `prepare` or Fabric's `setup_dataloaders` (they set the epoch on
     every iteration) are not reported.
@@ -238,8 +278,8 @@ def sampler_without_set_epoch(facts: Facts) -> Iterator[Hit]:
         named += "` (a `DistributedSampler` in a distributed run)" if aliased else "`"
         yield Hit(
             sampler,
-            f"`{named} shuffles, but `set_epoch` is never called "
-            f"on it: `{loader_key}` yields the same order every epoch (loop on line "
+            f"`{named} shuffles, but `set_epoch` is {_how_often(facts, names)}: "
+            f"`{loader_key}` yields the same order every epoch (loop on line "
             f"{epoch_loop.lineno}); call `.set_epoch(epoch)` at the start of each epoch",
             None
             if aliased or handed is not None or _reiterated_by_hand(facts, epoch_loop, loader_key)
@@ -278,14 +318,18 @@ def _loaders_reached_through_values(facts: Facts, reported: set[ast.Call]) -> It
             continue
         seen.add(sampler)
         where = f"line {sampler.lineno}"
+        related: tuple[Related, ...] = ()
         if owner is not facts:
             where = f"{Path(owner.filename).name}, line {sampler.lineno}"
+            related = (Related(owner.source.span(sampler), "sampler built here", owner.filename),)
         yield Hit(
             iterable,
             f"`{facts.source.segment(iterable)}` is loaded through a shuffling "
-            f"`{owner.source.segment(sampler.func)}` ({where}), but `set_epoch` is never "
-            f"called on it: every epoch (loop on line {epoch_loop.lineno}) yields the same "
-            "order; call `.sampler.set_epoch(epoch)` at the start of each epoch",
+            f"`{owner.source.segment(sampler.func)}` ({where}), but `set_epoch` is "
+            f"{_how_often(facts, {f'{key}.sampler'})}: every epoch (loop on line "
+            f"{epoch_loop.lineno}) yields the same order; call `.sampler.set_epoch(epoch)` "
+            "at the start of each epoch",
+            related=related,
         )
 
 
