@@ -22,6 +22,7 @@ from torchls.analysis.rules._modes import (
     _trainer,
     modes_of,
 )
+from torchls.analysis.rules._modes_step_helpers import forwards_in_step_helpers
 from torchls.analysis.rules._modes_trainer_hooks import evals_in_training_steps
 
 
@@ -70,7 +71,10 @@ def train_mode_not_restored(facts: Facts) -> Iterator[Hit]:
     (`set_mode("eval", [encoder, decoder])`) switches each listed model. A validation every
     N batches from inside the batch loop is reported the same way, also when the training
     forward runs in a loss helper given the model (`loss = loss_fn(model, x)` ...
-    `loss.backward()`). Models the
+    `loss.backward()`), or in a step helper the loop hands each batch to (`self.update(x, y)`
+    or `descend(model, opt, x, y)`, whose body runs the model and backwards) when a later call
+    of the same loop (a score every N batches, a metric pass) leaves that model in eval mode
+    for the next step. Models the
     loop does not train (a frozen teacher no optimizer there steps, or only run under
     `no_grad`), models whose every layer ignores the mode (linear, convolution and activation
     layers only: eval() changes nothing for them) and helpers that restore the mode they
@@ -208,6 +212,7 @@ def _uses_in_training_loops(
             key = facts.key(argument)
             if key in held and _runs_argument(facts, site, position):
                 yield site, argument, held[key], loops
+    yield from forwards_in_step_helpers(facts)
 
 
 def _backpropagated_calls(facts: Facts, loop: ast.AST) -> set[ast.Call]:
