@@ -28,6 +28,7 @@ from torchls.analysis.rules._modes import (
     evaluation_context,
     modes_of,
 )
+from torchls.analysis.rules._modes_methods import eval_loops_through_own_methods
 from torchls.analysis.rules._modes_paths import eval_loops_through_model_methods
 
 
@@ -142,6 +143,10 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
             _wrap_in_no_grad(facts, context),
         )
     yield from _step_helper_forwards_with_grad(facts)
+    for call, loop, key in eval_loops_through_own_methods(facts):
+        hit = _graph_built_for_nothing(facts, call, loop, key)
+        if hit is not None:
+            yield hit
     for site, loop, key, method, owner, forward in eval_loops_through_model_methods(facts):
         if facts.in_no_grad(site) or facts.under_unknown_decorator(site):
             continue
