@@ -70,8 +70,11 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
     puts the model in `eval()` and hands it, with each fetched batch, to a helper calling a
     method of the model's class (`model.predict_step(x)`, in this file or another) that
     runs the model's own forward (`self(x)`, a few methods down) is reported at the helper
-    call. Decoding with transformers' `generate()` turns gradients off itself and is not
-    reported.
+    call. So is a loop that feeds each batch to a method of the model itself
+    (`self.model.predict(batch)`, not one of `nn.Module`'s own) after `self.model.eval()`,
+    when the model's class is out of sight (handed to the constructor) or its method
+    reaches its forward. Decoding with transformers' `generate()` turns gradients off itself
+    and is not reported.
 
     ## Why it is wrong
     `eval()` only changes how layers behave; it does not stop autograd. Every forward pass
