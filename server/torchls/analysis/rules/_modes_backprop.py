@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
+from typing import cast
 
 from torchls.analysis.facts import Facts, FunctionNode
 from torchls.analysis.objects import ClassRef, ObjectModel
 
-Handed = tuple[ast.Call, ast.AST, Facts, FunctionNode]
+Handed = tuple[ast.Call, ast.stmt, Facts, FunctionNode]
 
 
 def loops_through_handed_backprop(facts: Facts) -> Iterator[Handed]:
@@ -42,7 +43,7 @@ def loops_through_handed_backprop(facts: Facts) -> Iterator[Handed]:
                 continue  # rebound in the function: not what the callers pass
             passed = _passed_callables(facts, function, func.id)
             if passed and all(_steps_without_clearing(owner, f) for owner, f in passed):
-                yield call, loops[0], *passed[0]
+                yield call, cast(ast.stmt, loops[0]), *passed[0]
                 break  # one finding per function is enough
 
 
