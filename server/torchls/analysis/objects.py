@@ -361,4 +361,34 @@ def _project_bases(ref: ClassRef, depth: int = 0) -> list[ClassRef]:
             module = facts.workspace.module_facts(facts, base.value.id)
             if module is not None and base.attr in module.classes:
                 found.append(ClassRef(module, module.classes[base.attr]))
+                continue
+        if isinstance(base, ast.Attribute):
+            dotted = _dotted_base(facts, base)
+            if dotted is not None:
+                found.append(dotted)
     return found
+
+
+def _dotted_base(facts: Facts, base: ast.Attribute) -> ClassRef | None:
+    """`pkg.sub.Base` after `import pkg`: the class `Base` of the project module `pkg.sub`,
+    defined there or imported into it (a package's `__init__` re-exporting it)."""
+    parts: list[str] = []
+    current: ast.expr = base.value
+    while isinstance(current, ast.Attribute):
+        parts.insert(0, current.attr)
+        current = current.value
+    if not isinstance(current, ast.Name) or facts.workspace is None:
+        return None
+    imported = facts.imports.get(current.id)
+    if imported is None:
+        return None
+    module = facts.workspace.module_facts(facts, current.id, ".".join([imported, *parts]))
+    if module is None:
+        return None
+    if base.attr in module.classes:
+        return ClassRef(module, module.classes[base.attr])
+    definition = module.definition(base.attr)
+    if definition is None or not isinstance(definition.node, ast.ClassDef):
+        return None
+    other = definition.facts.classes.get(definition.node.name)
+    return ClassRef(definition.facts, other) if other is not None else None

@@ -28,6 +28,7 @@ from torchls.analysis.rules._modes import (
     evaluation_context,
     modes_of,
 )
+from torchls.analysis.rules._modes_methods import eval_loops_through_own_methods
 from torchls.analysis.rules._modes_paths import eval_loops_through_model_methods
 
 
@@ -69,8 +70,11 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
     puts the model in `eval()` and hands it, with each fetched batch, to a helper calling a
     method of the model's class (`model.predict_step(x)`, in this file or another) that
     runs the model's own forward (`self(x)`, a few methods down) is reported at the helper
-    call. Decoding with transformers' `generate()` turns gradients off itself and is not
-    reported.
+    call. So is a loop that feeds each batch to a method of the model itself
+    (`self.model.predict(batch)`, not one of `nn.Module`'s own) after `self.model.eval()`,
+    when the model's class is out of sight (handed to the constructor) or its method
+    reaches its forward. Decoding with transformers' `generate()` turns gradients off itself
+    and is not reported.
 
     ## Why it is wrong
     `eval()` only changes how layers behave; it does not stop autograd. Every forward pass
@@ -142,6 +146,10 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
             _wrap_in_no_grad(facts, context),
         )
     yield from _step_helper_forwards_with_grad(facts)
+    for call, loop, key in eval_loops_through_own_methods(facts):
+        hit = _graph_built_for_nothing(facts, call, loop, key)
+        if hit is not None:
+            yield hit
     for site, loop, key, method, owner, forward in eval_loops_through_model_methods(facts):
         if facts.in_no_grad(site) or facts.under_unknown_decorator(site):
             continue

@@ -12,9 +12,10 @@ import ast
 from collections.abc import Iterator
 
 from torchls.analysis.facts import Facts
-from torchls.analysis.findings import Fix
+from torchls.analysis.findings import Fix, Related
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._edits import insert_line_before
+from torchls.analysis.rules._modes_backprop import loops_through_handed_backprop
 
 
 def _steps(facts: Facts) -> Iterator[tuple[ast.Call, ast.expr]]:
@@ -234,6 +235,10 @@ def missing_zero_grad(facts: Facts) -> Iterator[Hit]:
     helper that backpropagates and steps (`self.train_step(batch)`) called every iteration
     of a loop that clears nothing is reported at its step, also when the stepped object's
     kind is unknown but the loop's method calls `zero_grad()` on it once before the loop.
+    A loop that hands each loss to a callable it receives as a parameter (`update(loss)`) is
+    reported when every callable its callers pass for it (a method of the class or of a
+    project base class in another file, whose `fit` calls the function itself or through
+    an attribute bound to it) backwards and steps without clearing gradients.
 
     ## Why it is wrong
     `backward()` adds into `.grad`. Without clearing, step *k* uses the sum of all gradients so
@@ -266,6 +271,21 @@ def missing_zero_grad(facts: Facts) -> Iterator[Hit]:
             f"{loop.lineno} runs this every iteration (line {site.lineno}) without clearing "
             "gradients; they accumulate across iterations",
             None,
+        )
+    for call, loop, owner, backprop in loops_through_handed_backprop(facts):
+        yield Hit(
+            call,
+            f"`{facts.source.segment(call.func)}` is handed `{backprop.name}`, which backwards "
+            f"and steps without clearing gradients, and the loop on line {loop.lineno} never "
+            "clears them; they accumulate across iterations",
+            None,
+            (
+                Related(
+                    owner.source.span(backprop),
+                    "backward and step, no zero_grad",
+                    owner.filename if owner is not facts else None,
+                ),
+            ),
         )
     # Each optimizer once per loop: with two optimizers and no clearing at all, each gets its
     # own finding and fix (clearing one leaves the other's gradients accumulating).
