@@ -16,7 +16,13 @@ from torchls.analysis.findings import Fix
 from torchls.analysis.queries.tensors import detached_value
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._edits import insert_at
-from torchls.analysis.rules._graph_containers import accumulation, bound_names, graph_containers
+from torchls.analysis.rules._graph_containers import (
+    accumulation,
+    bound_names,
+    graph_containers,
+    returns_graph_container,
+)
+from torchls.analysis.rules._graph_returns import iterated_container
 from torchls.analysis.rules._graph_sources import graph_sources
 from torchls.analysis.rules._modes_loss_dicts import _dict_parts, _fixed_key
 
@@ -69,7 +75,20 @@ def _loss_names(
                 names.add(name)
     containers = {k: v for k, v in containers.items() if k not in names}
     # A helper's `(loss, stats)` whose stats keep a graph tensor: a container, no `.item()` fix.
-    for name in graph_containers(facts, scope, names):
+    held = graph_containers(facts, scope, names)
+    # A training step returning the loss parts it backward()-ed their total of.
+    for name, bindings in facts.assignments.get(scope, {}).items():
+        for binding in bindings:
+            call = binding.value
+            if (
+                binding.index is None
+                and binding.loop is None
+                and isinstance(call, ast.Call)
+                and call in project_calls
+                and returns_graph_container(facts, call)
+            ):
+                held.add(name)
+    for name in held:
         names.add(name)
         containers.setdefault(name, [])
     return names, containers, sources
@@ -120,6 +139,15 @@ def _live_container(
     return False
 
 
+def _part_of_held(
+    facts: Facts, name: ast.Name, loss_names: set[str], containers: dict[str, list[ast.Subscript]]
+) -> bool:
+    """`name` walks the values of a helper's container of graph parts (`for key, part in
+    parts.items()`, `parts` a training step's returned loss dict)."""
+    iterated = iterated_container(facts, name)
+    return iterated is not None and iterated.id in loss_names and iterated.id in containers
+
+
 def _holds_graph(
     facts: Facts,
     value: ast.expr,
@@ -141,10 +169,12 @@ def _holds_graph(
     if isinstance(value, ast.Name):
         if value.id in loss_names or _live_container(facts, value, containers):
             return value
-        return None
+        return value if _part_of_held(facts, value, loss_names, containers) else None
     if isinstance(value, ast.BinOp) and isinstance(value.op, (ast.Mult, ast.Div)):
         for side in (value.left, value.right):
-            if isinstance(side, ast.Name) and side.id in loss_names:
+            if isinstance(side, ast.Name) and (
+                side.id in loss_names or _part_of_held(facts, side, loss_names, containers)
+            ):
                 return side
             if isinstance(side, (ast.Name, ast.Subscript)) and _dict_parts(facts, side):
                 held = _holds_graph(facts, side, loss_names, containers, project_calls)
