@@ -18,10 +18,11 @@ from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._edits import insert_at
 from torchls.analysis.rules._graph_containers import (
     accumulation,
-    bound_names,
     graph_containers,
     returns_graph_container,
 )
+from torchls.analysis.rules._graph_items import slot_stores
+from torchls.analysis.rules._graph_loops import feeds_backward, outlives_a_step
 from torchls.analysis.rules._graph_returns import iterated_container
 from torchls.analysis.rules._graph_sources import graph_sources
 from torchls.analysis.rules._modes_loss_dicts import _dict_parts, _fixed_key
@@ -197,54 +198,6 @@ def _holds_graph(
     return None
 
 
-def _feeds_backward(facts: Facts, scope: ast.AST, accumulator: str) -> bool:
-    """True if the accumulator is (part of) something that gets backward()-ed: through
-    assignments (`loss = losses[i]`), loops over it (`for opt, loss in zip(opts, losses)`)
-    and `accelerator.backward(loss)`-style calls that take it as an argument."""
-    derived = {accumulator}
-
-    def mentions(expr: ast.AST) -> bool:
-        return any(isinstance(n, ast.Name) and n.id in derived for n in ast.walk(expr))
-
-    for node in facts.walk_local(scope):
-        if isinstance(node, ast.Assign) and mentions(node.value):
-            for target in node.targets:
-                derived.update(bound_names(target))
-        elif isinstance(node, (ast.For, ast.AsyncFor)) and mentions(node.iter):
-            derived.update(n.id for n in ast.walk(node.target) if isinstance(n, ast.Name))
-    for node in facts.walk_local(scope):
-        if isinstance(node, ast.Call) and facts.is_backward(node):
-            subjects = [facts.receiver(node), *node.args]
-            if any(subject is not None and mentions(subject) for subject in subjects):
-                return True
-    return False
-
-
-def _over_a_built_loader(facts: Facts, loop: ast.AST) -> bool:
-    """`for batch in loader:` where the loader's construction is in sight (a name that only
-    sounds like one, `minibatches`, may be a handful of per-domain batches of one step)."""
-    if not isinstance(loop, (ast.For, ast.AsyncFor)):
-        return False
-    iterable = facts.loop_source(loop)
-    kind = facts.kind_of(iterable) if iterable is not None else None
-    return kind is not None and kind.kind == "loader" and not kind.by_name
-
-
-def _outlives_a_step(facts: Facts, loops: list, assignments: list) -> bool:
-    """Some loop around the accumulation trains or iterates data once per iteration (a
-    step or batch loop) and the accumulator is created outside it, so it lives across steps.
-    A list rebuilt every batch, or a loop over layers or classifiers, keeps nothing alive."""
-    for loop in loops:
-        steps = facts.node_reaches(loop, facts.is_backward) or any(
-            facts.backwards_in_other_file(call) for call in facts.calls_in(loop)
-        )
-        if not steps and not _over_a_built_loader(facts, loop):
-            continue
-        if not any(facts.is_inside(a.stmt, loop) for a in assignments):
-            return True
-    return False
-
-
 def _used_as_tensor_later(facts: Facts, scope: ast.AST, accumulator: str, after: int) -> bool:
     for node in facts.walk_local(scope):
         if getattr(node, "lineno", 0) <= after:
@@ -324,8 +277,20 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
         loss_names, containers, sources = _loss_names(facts, scope, project_calls)
         if not loss_names and not containers:
             continue
+        reported: set[ast.stmt] = set()
+        for stmt, container in slot_stores(
+            facts, scope, {k: v for k, v in containers.items() if v}
+        ):
+            reported.add(stmt)
+            yield Hit(
+                stmt,
+                f"the items of `{container}` are backward()-ed, so they are attached to their "
+                f"autograd graphs, and every step stores one more in `{container}`; store "
+                f"`.item()` or `.detach()` values instead",
+                None,
+            )
         for node in facts.walk_local(scope):
-            if not isinstance(node, ast.stmt):
+            if not isinstance(node, ast.stmt) or node in reported:
                 continue
             found = accumulation(node)
             if found is None:
@@ -340,11 +305,11 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
             assignments = facts.assignments_of(accumulator, scope)  # type: ignore[arg-type]
             # The running sum's own rebinding (`total = total + v`) does not make it per-step.
             assignments = [a for a in assignments if a.stmt is not node]
-            if not assignments or not _outlives_a_step(facts, loops, assignments):
+            if not assignments or not outlives_a_step(facts, loops, assignments):
                 continue
             if how == "+=" and accumulator in loss_names:
                 continue
-            if _feeds_backward(facts, scope, accumulator):
+            if feeds_backward(facts, scope, accumulator):
                 continue
             if isinstance(loss, ast.Name):
                 loss_assignment = facts.reaching_assignment(loss)
