@@ -21,6 +21,7 @@ from torchls.analysis.rules._graph_containers import (
     graph_containers,
     returns_graph_container,
 )
+from torchls.analysis.rules._graph_hooks import step_output_stores
 from torchls.analysis.rules._graph_items import slot_stores
 from torchls.analysis.rules._graph_loops import feeds_backward, outlives_a_step
 from torchls.analysis.rules._graph_returns import iterated_container
@@ -271,6 +272,14 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
         or call in facts.loss_call_nodes
         or (facts.method_name(call) == "backward" and not call.args)
     }
+    for stmt, attr, held in step_output_stores(facts):
+        yield Hit(
+            stmt,
+            f"`{held.id}` is what `training_step` returns for Lightning to backward(), so it "
+            f"holds this step's autograd graph, and `self.{attr}` keeps it until the epoch "
+            f"ends; append `.detach()`-ed values (or `.item()`) instead",
+            None,
+        )
     for scope in scopes:
         if scope not in lossy:
             continue
