@@ -17,6 +17,7 @@ import ast
 
 from torchls.analysis.facts import Facts
 from torchls.analysis.queries.tensors import detached_value
+from torchls.analysis.rules._graph_returns import called_function, summed_parts
 
 
 def _stores_graph(owner: Facts, function: ast.AST, container: str) -> bool:
@@ -58,7 +59,8 @@ def _returned_container(owner: Facts, function: ast.AST, index: int) -> str | No
 def graph_containers(facts: Facts, scope: ast.AST, backwarded: set[str]) -> set[str]:
     """Names of `scope` unpacked from a project helper's tuple (`loss, stats = helper(...)`)
     whose other element is backward()-ed here (so the helper ran with gradients on) and whose
-    own element is a container the helper stored a graph tensor in."""
+    own element is a container the helper stored a graph tensor in, or whose parts the
+    backward()-ed element was summed from (`total = sum(parts.values()); return total, parts`)."""
     found: set[str] = set()
     bindings = facts.assignments.get(scope, {})
     for name, assignments in bindings.items():
@@ -69,17 +71,57 @@ def graph_containers(facts: Facts, scope: ast.AST, backwarded: set[str]) -> set[
             target = binding.stmt.targets[0] if isinstance(binding.stmt, ast.Assign) else None
             if not isinstance(target, ast.Tuple):
                 continue
-            siblings = {e.id for e in target.elts if isinstance(e, ast.Name)} - {name}
-            if not siblings & backwarded:
+            siblings = {
+                i: e.id
+                for i, e in enumerate(target.elts)
+                if isinstance(e, ast.Name) and e.id != name
+            }
+            backwarded_at = [i for i, sibling in siblings.items() if sibling in backwarded]
+            if not backwarded_at:
                 continue
-            callee = facts.callee(call)
+            callee = called_function(facts, call)
             if callee is None:
                 continue
-            owner, function, _ = callee
+            owner, function = callee
             container = _returned_container(owner, function, binding.index)
-            if container is not None and _stores_graph(owner, function, container):
+            if container is None:
+                continue
+            # Stored into one by one, or the very parts the backward()-ed total is summed from.
+            if _stores_graph(owner, function, container) or any(
+                summed_parts(owner, function, container, i) for i in backwarded_at
+            ):
                 found.add(name)
     return found
+
+
+def backwarded_names(facts: Facts, scope: ast.AST) -> set[str]:
+    """Names `scope` calls a bare `backward()` on (`loss.backward()`,
+    `scaler.scale(loss).backward()`)."""
+    names = set()
+    for node in facts.calls_in(scope):
+        if facts.method_name(node) == "backward" and not node.args:
+            receiver = facts.backward_subject(node)
+            if isinstance(receiver, ast.Name):
+                names.add(receiver.id)
+    return names
+
+
+def returns_graph_container(facts: Facts, call: ast.Call) -> bool:
+    """`call` runs a project helper that backward()s a loss and returns (every `return` of
+    it) the container of its loss parts that `graph_containers` finds: a training step handing
+    its loss dict back to the epoch loop."""
+    callee = called_function(facts, call)
+    if callee is None:
+        return False
+    owner, function = callee
+    backwarded = backwarded_names(owner, function)
+    if not backwarded:
+        return False
+    held = graph_containers(owner, function, backwarded)
+    returns = [n for n in owner.walk_local(function) if isinstance(n, ast.Return)]
+    return bool(returns) and all(
+        isinstance(n.value, ast.Name) and n.value.id in held for n in returns
+    )
 
 
 def _is_running(name: str, expr: ast.expr) -> bool:

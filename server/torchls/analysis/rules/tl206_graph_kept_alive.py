@@ -16,7 +16,15 @@ from torchls.analysis.findings import Fix
 from torchls.analysis.queries.tensors import detached_value
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._edits import insert_at
-from torchls.analysis.rules._graph_containers import accumulation, bound_names, graph_containers
+from torchls.analysis.rules._graph_containers import (
+    accumulation,
+    graph_containers,
+    returns_graph_container,
+)
+from torchls.analysis.rules._graph_hooks import step_output_stores
+from torchls.analysis.rules._graph_items import slot_stores
+from torchls.analysis.rules._graph_loops import feeds_backward, outlives_a_step
+from torchls.analysis.rules._graph_returns import iterated_container
 from torchls.analysis.rules._graph_sources import graph_sources
 from torchls.analysis.rules._modes_loss_dicts import _dict_parts, _fixed_key
 
@@ -69,7 +77,20 @@ def _loss_names(
                 names.add(name)
     containers = {k: v for k, v in containers.items() if k not in names}
     # A helper's `(loss, stats)` whose stats keep a graph tensor: a container, no `.item()` fix.
-    for name in graph_containers(facts, scope, names):
+    held = graph_containers(facts, scope, names)
+    # A training step returning the loss parts it backward()-ed their total of.
+    for name, bindings in facts.assignments.get(scope, {}).items():
+        for binding in bindings:
+            call = binding.value
+            if (
+                binding.index is None
+                and binding.loop is None
+                and isinstance(call, ast.Call)
+                and call in project_calls
+                and returns_graph_container(facts, call)
+            ):
+                held.add(name)
+    for name in held:
         names.add(name)
         containers.setdefault(name, [])
     return names, containers, sources
@@ -120,6 +141,15 @@ def _live_container(
     return False
 
 
+def _part_of_held(
+    facts: Facts, name: ast.Name, loss_names: set[str], containers: dict[str, list[ast.Subscript]]
+) -> bool:
+    """`name` walks the values of a helper's container of graph parts (`for key, part in
+    parts.items()`, `parts` a training step's returned loss dict)."""
+    iterated = iterated_container(facts, name)
+    return iterated is not None and iterated.id in loss_names and iterated.id in containers
+
+
 def _holds_graph(
     facts: Facts,
     value: ast.expr,
@@ -141,10 +171,12 @@ def _holds_graph(
     if isinstance(value, ast.Name):
         if value.id in loss_names or _live_container(facts, value, containers):
             return value
-        return None
+        return value if _part_of_held(facts, value, loss_names, containers) else None
     if isinstance(value, ast.BinOp) and isinstance(value.op, (ast.Mult, ast.Div)):
         for side in (value.left, value.right):
-            if isinstance(side, ast.Name) and side.id in loss_names:
+            if isinstance(side, ast.Name) and (
+                side.id in loss_names or _part_of_held(facts, side, loss_names, containers)
+            ):
                 return side
             if isinstance(side, (ast.Name, ast.Subscript)) and _dict_parts(facts, side):
                 held = _holds_graph(facts, side, loss_names, containers, project_calls)
@@ -165,54 +197,6 @@ def _holds_graph(
         if held is not None:
             return held
     return None
-
-
-def _feeds_backward(facts: Facts, scope: ast.AST, accumulator: str) -> bool:
-    """True if the accumulator is (part of) something that gets backward()-ed: through
-    assignments (`loss = losses[i]`), loops over it (`for opt, loss in zip(opts, losses)`)
-    and `accelerator.backward(loss)`-style calls that take it as an argument."""
-    derived = {accumulator}
-
-    def mentions(expr: ast.AST) -> bool:
-        return any(isinstance(n, ast.Name) and n.id in derived for n in ast.walk(expr))
-
-    for node in facts.walk_local(scope):
-        if isinstance(node, ast.Assign) and mentions(node.value):
-            for target in node.targets:
-                derived.update(bound_names(target))
-        elif isinstance(node, (ast.For, ast.AsyncFor)) and mentions(node.iter):
-            derived.update(n.id for n in ast.walk(node.target) if isinstance(n, ast.Name))
-    for node in facts.walk_local(scope):
-        if isinstance(node, ast.Call) and facts.is_backward(node):
-            subjects = [facts.receiver(node), *node.args]
-            if any(subject is not None and mentions(subject) for subject in subjects):
-                return True
-    return False
-
-
-def _over_a_built_loader(facts: Facts, loop: ast.AST) -> bool:
-    """`for batch in loader:` where the loader's construction is in sight (a name that only
-    sounds like one, `minibatches`, may be a handful of per-domain batches of one step)."""
-    if not isinstance(loop, (ast.For, ast.AsyncFor)):
-        return False
-    iterable = facts.loop_source(loop)
-    kind = facts.kind_of(iterable) if iterable is not None else None
-    return kind is not None and kind.kind == "loader" and not kind.by_name
-
-
-def _outlives_a_step(facts: Facts, loops: list, assignments: list) -> bool:
-    """Some loop around the accumulation trains or iterates data once per iteration (a
-    step or batch loop) and the accumulator is created outside it, so it lives across steps.
-    A list rebuilt every batch, or a loop over layers or classifiers, keeps nothing alive."""
-    for loop in loops:
-        steps = facts.node_reaches(loop, facts.is_backward) or any(
-            facts.backwards_in_other_file(call) for call in facts.calls_in(loop)
-        )
-        if not steps and not _over_a_built_loader(facts, loop):
-            continue
-        if not any(facts.is_inside(a.stmt, loop) for a in assignments):
-            return True
-    return False
 
 
 def _used_as_tensor_later(facts: Facts, scope: ast.AST, accumulator: str, after: int) -> bool:
@@ -288,14 +272,34 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
         or call in facts.loss_call_nodes
         or (facts.method_name(call) == "backward" and not call.args)
     }
+    for stmt, attr, held in step_output_stores(facts):
+        yield Hit(
+            stmt,
+            f"`{held.id}` is what `training_step` returns for Lightning to backward(), so it "
+            f"holds this step's autograd graph, and `self.{attr}` keeps it until the epoch "
+            f"ends; append `.detach()`-ed values (or `.item()`) instead",
+            None,
+        )
     for scope in scopes:
         if scope not in lossy:
             continue
         loss_names, containers, sources = _loss_names(facts, scope, project_calls)
         if not loss_names and not containers:
             continue
+        reported: set[ast.stmt] = set()
+        for stmt, container in slot_stores(
+            facts, scope, {k: v for k, v in containers.items() if v}
+        ):
+            reported.add(stmt)
+            yield Hit(
+                stmt,
+                f"the items of `{container}` are backward()-ed, so they are attached to their "
+                f"autograd graphs, and every step stores one more in `{container}`; store "
+                f"`.item()` or `.detach()` values instead",
+                None,
+            )
         for node in facts.walk_local(scope):
-            if not isinstance(node, ast.stmt):
+            if not isinstance(node, ast.stmt) or node in reported:
                 continue
             found = accumulation(node)
             if found is None:
@@ -310,11 +314,11 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
             assignments = facts.assignments_of(accumulator, scope)
             # The running sum's own rebinding (`total = total + v`) does not make it per-step.
             assignments = [a for a in assignments if a.stmt is not node]
-            if not assignments or not _outlives_a_step(facts, loops, assignments):
+            if not assignments or not outlives_a_step(facts, loops, assignments):
                 continue
             if how == "+=" and accumulator in loss_names:
                 continue
-            if _feeds_backward(facts, scope, accumulator):
+            if feeds_backward(facts, scope, accumulator):
                 continue
             if isinstance(loss, ast.Name):
                 loss_assignment = facts.reaching_assignment(loss)
