@@ -285,15 +285,16 @@ class Workspace:
         return CachedView(self)
 
     def calls_elsewhere(
-        self, facts: Facts, function: FunctionNode
+        self, facts: Facts, function: FunctionNode, named: str | None = None
     ) -> list[tuple[Facts, ast.Call]] | None:
         """The calls, in the other files of the project, that run `function` of `facts`'s
         file (found through each file's own resolution of its callees). None when the
         project cannot be searched (no root, a tree too large, more than CALLER_SEARCH_LIMIT
         modules) or a file that imports it calls a method of that name on an object it
-        cannot name (it may be a caller). Every module searched is recorded as something
-        `facts`'s file depends on: a file that gains or loses such a call changes what its
-        analysis may say."""
+        cannot name (it may be a caller). `named`: the name the calls spell (a class's name
+        for the constructions that run its `__init__`). Every module searched is recorded as
+        something `facts`'s file depends on: a file that gains or loses such a call changes
+        what its analysis may say."""
         if self.root is None or facts.filename.startswith("<"):
             return None
         modules = self.index.module_paths()
@@ -304,6 +305,7 @@ class Workspace:
             return None
         own = self.real_path(facts.filename)
         tail = own.parent.name if own.name == "__init__.py" else own.stem
+        wanted = named or function.name
         found: list[tuple[Facts, ast.Call]] = []
         for path in paths:
             path = self.real_path(path)
@@ -312,15 +314,17 @@ class Workspace:
             with self._lock:
                 self._dependents.setdefault(path, set()).add(own)
             text = self.text_of(path)
-            if text is None or function.name not in text or tail not in text:
+            if text is None or wanted not in text or tail not in text:
                 continue
             other = self.facts_for(path)
             if other is None:
                 continue
             for call in other.calls:
                 func = call.func
-                named = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
-                if named != function.name:
+                named_here = (
+                    func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+                )
+                if named_here != wanted:
                     continue
                 target = other.callee(call)
                 if target is None and isinstance(func, ast.Attribute):

@@ -225,6 +225,24 @@ class FlowQueries(IndexQueries):
         project = getattr(workspace, "workspace", workspace)
         return project.calls_elsewhere(self, function) or []
 
+    def constructions_from_other_files(
+        self, init: FunctionNode
+    ) -> list[tuple[Facts, ast.Call]] | None:
+        """The constructions (`Runner(cfg=cfg, ...)`) of the class whose `__init__` is `init`
+        in the project's other files, when this file builds it nowhere; None when the
+        project cannot be searched or a possible construction cannot be told (callers then
+        cannot be known), empty in a view that reads no other file."""
+        klass = self.parents.get(init)
+        if not isinstance(klass, ast.ClassDef) or init.name != "__init__":
+            return None
+        if self._construction_sites(init) or self.call_sites(init):  # type: ignore[attr-defined]
+            return None
+        workspace = self.workspace
+        if workspace is None or not getattr(workspace, "complete", True):
+            return []
+        project = getattr(workspace, "workspace", workspace)
+        return project.calls_elsewhere(self, init, named=klass.name)  # type: ignore[union-attr, arg-type]
+
     def callers_elsewhere_disable_grad(self, function: FunctionNode) -> bool:
         """`function` has no call site in this file, and every call of it in the project's
         other files runs with gradients disabled (`with torch.no_grad(): validate(...)` in

@@ -12,9 +12,10 @@ import ast
 from collections.abc import Iterator
 
 from torchls.analysis.facts import Facts
-from torchls.analysis.findings import Fix
+from torchls.analysis.findings import Fix, Related
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._checkpoints import LOAD, SAVE, _dict_values, _keyword
+from torchls.analysis.rules._checkpoints_config import config_from_other_files
 from torchls.analysis.rules._checkpoints_numpy import _numpy_value
 from torchls.analysis.rules._edits import insert_at, replace_node
 
@@ -233,9 +234,12 @@ def checkpoint_config_not_plain_data(facts: Facts) -> Iterator[Hit]:
     the tuples they return: `opts, ds_init = get_args()`), and a save wrapper
     (`save_on_master(obj, path)`,
     `utils.save_checkpoint(state, ...)`, also in another project file) saves the dict its
-    call site passes. A NumPy value is reported too (a metric kept as `np.nanmean(...)`
-    returned it, `np.array(losses).mean()`, a best score `max()` took from such values):
-    `float(x)`, `x.item()` and `x.tolist()` make it a Python value and are not reported.
+    call site passes. A constructor's parameter kept on `self` (`self.config = cfg`) is what
+    the project's other files construct the class with, when every one of them passes a new
+    instance of one plain project class (`Runner(cfg=Config(args))` in the script). A NumPy
+    value is reported too (a metric kept as `np.nanmean(...)` returned it,
+    `np.array(losses).mean()`, a best score `max()` took from such values): `float(x)`,
+    `x.item()` and `x.tolist()` make it a Python value and are not reported.
 
     ## Why it is wrong
     Since PyTorch 2.6, `torch.load` defaults to `weights_only=True`, which only unpickles
@@ -266,6 +270,17 @@ def checkpoint_config_not_plain_data(facts: Facts) -> Iterator[Hit]:
             continue
         seen.add(value)
         found = _config_object(facts, value)
+        related: tuple[Related, ...] = ()
+        if found is None and _named(value):
+            # `self.config = cfg` in `__init__`, the class built in another file with a
+            # project config object: `Runner(cfg=Config(args))` in the training script.
+            elsewhere = config_from_other_files(facts, value)
+            if elsewhere is not None:
+                found = elsewhere[:2]
+                other, built = elsewhere[2], elsewhere[3]
+                related = (
+                    Related(other.source.span(built), "the object built here", other.filename),
+                )
         produced = None if found is not None or unsafe_loading else _numpy_value(facts, value)
         if produced is not None and not _numpy_allow_listed(facts):
             text = facts.source.segment(value)
@@ -320,4 +335,5 @@ def checkpoint_config_not_plain_data(facts: Facts) -> Iterator[Hit]:
             f"checkpoint stores `{text}` ({class_name} object), which "
             "`torch.load(weights_only=True)` (the default since PyTorch 2.6) refuses to load",
             fix,
+            related=related,
         )

@@ -27,6 +27,7 @@ from torchls.analysis.rules._optimization import (
     owns_lines,
     position,
 )
+from torchls.analysis.rules._optimization_clip_hooks import clamp_hook_registrations
 from torchls.analysis.rules._optimization_scaled_helpers import (
     helpers_clipping_scaled,
     scaled_backward,
@@ -58,7 +59,11 @@ def clip_scaled_gradients(facts: Facts) -> Iterator[Hit]:
     the clip and the step sit in a project function (another file included, e.g. an updater
     object's method built in `__init__`) that the scaled backward's function calls next with
     the same scaler, and that function never unscales it: the finding is on that call, and
-    on the clip itself when the callers of its function can be found.
+    on the clip itself when the callers of its function can be found. Also hooks that clamp
+    each gradient as backward produces it (`p.register_hook(lambda g: g.clamp(-c, c))` on
+    every parameter of a model, here or in a project helper handed the model), set up by
+    code whose class (or function) steps through a GradScaler: they run on the scaled
+    gradients, before any `unscale_` can.
 
     ## Why it is wrong
     After a scaled backward the gradients are multiplied by the loss scale (65536 at the
@@ -133,6 +138,52 @@ def clip_scaled_gradients(facts: Facts) -> Iterator[Hit]:
             None if between else _insert_unscale(facts, clip, steps),
         )
     yield from _helper_clips(facts)
+    yield from _clamp_hooks_under_scaler(facts)
+
+
+def _clamp_hooks_under_scaler(facts: Facts) -> Iterator[Hit]:
+    """Gradient-clamping hooks registered on a model's parameters by code whose class (or,
+    outside classes, whose function) steps an enabled GradScaler: the hooks run during the
+    scaled backward."""
+    registrations = list(clamp_hook_registrations(facts))
+    if not registrations:
+        return
+    steps = [
+        c
+        for c in facts.calls
+        if is_scaler_call(facts, c, "step")
+        and c.args
+        and not _scaler_disabled(facts, facts.receiver(c))
+    ]
+    for call, model, owner, register in registrations:
+        klass = facts.enclosing_class(call)
+        step = next(
+            (
+                s
+                for s in steps
+                if (
+                    facts.enclosing_class(s) is klass
+                    if klass is not None
+                    else facts.scope(s) is facts.scope(call)
+                )
+            ),
+            None,
+        )
+        if step is None:
+            continue
+        scaler = facts.source.segment(facts.receiver(step))  # type: ignore[arg-type]
+        filename = owner.filename if owner is not facts else None
+        yield Hit(
+            call,
+            f"`{facts.source.segment(call.func)}` registers hooks that clamp each gradient of "
+            f"`{facts.source.segment(model)}` during backward, while this code steps through "
+            f"`{scaler}` (line {step.lineno}): the hooks see gradients still multiplied by the "
+            "loss scale; clip after `scaler.unscale_(optimizer)` instead",
+            related=(
+                Related(owner.source.span(register), "hook registered here", filename),
+                Related(facts.source.span(step), "scaled step here"),
+            ),
+        )
 
 
 def _clip_of_scaled_callers(facts: Facts, clip: ast.Call) -> Iterator[Hit]:
