@@ -237,7 +237,15 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
     as backward()-ed. A running total rebound with the sum (`total = total * 0.99 + v`) is an
     accumulation like `total += v`; and the stats object of a helper returning
     `(loss, stats)` counts as holding a graph when the helper stores a forward's tensor in it
-    undetached (`stats["aux"] = aux`) and the caller backward()s that loss.
+    undetached (`stats["aux"] = aux`) and the caller backward()s that loss. The parts a
+    backward()-ed total was summed from hold the graph too: a loss object (its `__call__`,
+    the object built by a project class or a factory) returning `(total, parts)`, and a
+    training step returning those `parts` to an epoch loop that adds up their items. Also: a
+    store under a moving key (`history[step], stats[step] = optimizer.step(closure)`) into a
+    container made before a step loop whose items are backward()-ed in it
+    (`history[step - 1].backward()`), and a LightningModule's `training_step` appending what
+    it returns (the value Lightning backward()s) to a `self.` list that only an epoch-level
+    hook empties.
 
     ## Why it is wrong
     Each stored loss keeps its whole computation graph, activations included, alive. Memory
