@@ -51,8 +51,9 @@ def softmax_before_cross_entropy(facts: Facts) -> Iterator[Hit]:
     also after reshaping or selecting it (`p.permute(0, 2, 3, 1)[mask].view(-1, c)`), counts
     as cross-entropy. A loop a library owns is checked too: a skorch net (or a project
     subclass of one that keeps skorch's loss step) built with `criterion=nn.CrossEntropyLoss`
-    and a module class whose `forward` ends in a softmax (`NeuralNetClassifier(Net,
-    criterion=nn.CrossEntropyLoss)`); other wrappers are not followed. When an
+    and a module class whose `forward` ends in a softmax
+    (`NeuralNetClassifier(Net, criterion=nn.CrossEntropyLoss)`); other wrappers are not
+    followed. When an
     `if` chooses the model or the tensor (`model = A()` / `model = B()`, a module-level choice
     read by the training function included), a choice that feeds a softmax is reported with
     the line of that choice; a softmax in `forward` under `if self.flag:`, with the flag a

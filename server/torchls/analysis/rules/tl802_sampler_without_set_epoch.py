@@ -203,8 +203,9 @@ def sampler_without_set_epoch(facts: Facts) -> Iterator[Hit]:
     on `self` and iterated in a method the epoch loop calls; or it is handed, outside any
     loop, to a function of the file that owns the epoch loop (`train(args, loader, ...)`
     iterating it once per epoch, or restarting `iter(loader)` inside its step loop). A
-    loader unpacked from a factory's returned tuple (`train_loader, val_loader =
-    build_loaders(cfg)`, in another module) is followed to its position in that tuple.
+    loader unpacked from a factory's returned tuple
+    (`train_loader, val_loader = build_loaders(cfg)`, in another module) is followed to its
+    position in that tuple.
     Samplers built
     with `shuffle=False` (evaluation), loaders named like validation/test ones, and loaders
     handed to Accelerate's `prepare` or Fabric's `setup_dataloaders` (they set the epoch on
