@@ -20,10 +20,10 @@ _PICKLE_HOOKS = ("__reduce__", "__reduce_ex__", "__getstate__")
 def config_from_other_files(
     facts: Facts, value: ast.expr
 ) -> tuple[str, str, Facts, ast.expr] | None:
-    """(kind, class name, facts of a constructing file, the instance it builds) for the
-    project object `value` holds when it is a constructor's parameter
-    (read directly, or kept as `self.<attr>` by the class's only assignment of it) whose
-    every construction in the project's other files passes a new instance of that one class.
+    """(kind, class name, facts of a calling file, the instance it builds) for the project
+    object `value` holds when it is a parameter (read directly, or kept as `self.<attr>` by
+    the class's only assignment of it) of a function or constructor no call here runs, whose
+    every call (construction) in the project's other files passes a new instance of one class.
     The class must be plain: no base but `object` or other such project classes, no pickling
     hooks (an `nn.Module`, a dict subclass or an Enum is no such class)."""
     name = value
@@ -34,16 +34,20 @@ def config_from_other_files(
         name = values[0]
     if not isinstance(name, ast.Name):
         return None
-    init = facts.parameter_of(name)
-    if init is None or init.name != "__init__" or facts.reaching_assignment(name) is not None:
+    function = facts.parameter_of(name)  # None as well when rebound before this read
+    if function is None:
         return None
-    sites = facts.constructions_from_other_files(init)
+    if function.name == "__init__":
+        sites = facts.constructions_from_other_files(function)
+    else:
+        sites = facts.calls_from_other_files(function)
     if not sites:
         return None
     found: set[tuple[str, str]] = set()
     first: tuple[Facts, ast.expr] | None = None
     for other, site in sites:
-        told, argument = argument_at(site, init, name.id, True)
+        bound = function.name == "__init__" or isinstance(site.func, ast.Attribute)
+        told, argument = argument_at(site, function, name.id, bound)
         if not told or argument is None:
             return None
         instance = _plain_instance(other, argument)

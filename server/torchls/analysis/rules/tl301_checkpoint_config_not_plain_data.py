@@ -234,9 +234,10 @@ def checkpoint_config_not_plain_data(facts: Facts) -> Iterator[Hit]:
     the tuples they return: `opts, ds_init = get_args()`), and a save wrapper
     (`save_on_master(obj, path)`,
     `utils.save_checkpoint(state, ...)`, also in another project file) saves the dict its
-    call site passes. A constructor's parameter kept on `self` (`self.config = cfg`) is what
-    the project's other files construct the class with, when every one of them passes a new
-    instance of one plain project class (`Runner(cfg=Config(args))` in the script). A NumPy
+    call site passes. A parameter of a function or constructor that no call in the file runs,
+    also kept on `self` (`self.config = cfg`), is what the project's other files pass for
+    it, when every one of them passes a new instance of one plain project class
+    (`Runner(cfg=Config(args))` in the script). A NumPy
     value is reported too (a metric kept as `np.nanmean(...)` returned it,
     `np.array(losses).mean()`, a best score `max()` took from such values): `float(x)`,
     `x.item()` and `x.tolist()` make it a Python value and are not reported.
