@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 from torchls.analysis.facts import Facts
 from torchls.analysis.findings import Fix, Related
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._checkpoints import LOAD, SAVE, _dict_values, _keyword
 from torchls.analysis.rules._checkpoints_config import config_from_other_files
 from torchls.analysis.rules._checkpoints_numpy import _numpy_value
@@ -185,7 +185,10 @@ def _allow_listed(facts: Facts, class_name: str) -> bool:
     return False
 
 
+@exemption("TL301", "neg_whole_model_loaded_unsafely_on_purpose.py")
 def _loads_unsafely(facts: Facts) -> bool:
+    """The file loads a checkpoint with an explicit `weights_only=False`: its author chose full
+    unpickling, so objects saved beside the weights are read back as intended."""
     for call in facts.calls_to(*LOAD):
         keyword = _keyword(call, "weights_only")
         if keyword is not None and isinstance(keyword.value, ast.Constant):
@@ -226,8 +229,7 @@ def checkpoint_config_not_plain_data(facts: Facts) -> Iterator[Hit]:
     (typically the run's config), on its own (`torch.save(args, "training_args.bin")`) or in
     a dict next to the weights; or a dict holding a whole model (an
     instance of a project module class, or a value whose `.state_dict()` or `.parameters()`
-    the code calls: `{"net": net, "acc": acc}`; not in a file that loads with an explicit
-    `weights_only=False`, which shows the author chose to unpickle). Helpers count: a
+    the code calls: `{"net": net, "acc": acc}`). Helpers count: a
     parameter is what every call site passes for it, or what its annotation says
     (`cfg: TrainConfig`), a value an in-file helper returns is what all its returns hand
     back (`opt = parse_option()` returning `parser.parse_args()`, or the same element of
