@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from torchls.analysis.facts import Facts
 from torchls.analysis.findings import Related
 from torchls.analysis.queries.vocabulary import argument_at
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._checkpoints import SAVE, _dict_values
 
 
@@ -155,6 +155,7 @@ def _handed_back_to(
     )
 
 
+@exemption("TL304", "neg_scheduler_stepped_with_the_epoch.py")
 def _stepped_at_epoch(facts: Facts, construction: ast.Call) -> bool:
     """Every `step()` of the scheduler built by `construction` names the epoch itself
     (`scheduler.step(epoch)`): its rate is a function of that number, which the checkpoint's
@@ -169,6 +170,7 @@ def _stepped_at_epoch(facts: Facts, construction: ast.Call) -> bool:
     return bool(steps) and all(c.args and not c.keywords for c in steps)
 
 
+@exemption("TL304", "neg_scheduler_repositioned_from_epoch.py")
 def _positioned_by_epoch(call: ast.Call) -> bool:
     """A scheduler built with `last_epoch=<an expression>` (not the default -1): the code
     restores its position from a saved epoch itself (`ExponentialLR(opt, g,
@@ -276,9 +278,7 @@ def checkpoint_missing_training_state(facts: Facts) -> Iterator[Hit]:
     `state_dict()` but not the optimizer's — nor the scheduler's or the GradScaler's when the
     script has them. Plain SGD without momentum keeps no state and is not reported for the
     optimizer, and neither is one export written once after the training loop has ended,
-    nor a scheduler every `step()` of which names the epoch (`scheduler.step(epoch)`: the
-    saved epoch restores its rate), nor an object rebuilt on every pass of the loop the save
-    sits in (a fresh optimizer per
+    nor an object rebuilt on every pass of the loop the save sits in (a fresh optimizer per
     epoch), whose state never outlives the pass. Objects count where the save can see them:
     built in its function or at module level, handed back by an in-file function or method
     (`optimizer = model.configure_optimizers(lr)`), or, for a save in a trainer class's
