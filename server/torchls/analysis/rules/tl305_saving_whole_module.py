@@ -10,9 +10,9 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from torchls.analysis.facts import Facts
+from torchls.analysis.facts import Facts, ObjectKind
 from torchls.analysis.findings import Fix
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._checkpoints import SAVE
 from torchls.analysis.rules._edits import replace_node
 
@@ -39,6 +39,20 @@ def _module_on_every_branch(facts: Facts, target: ast.expr) -> bool:
     return built
 
 
+@exemption("TL305", "neg_state_dict_under_model_names.py")
+def _not_known_a_module(facts: Facts, target: ast.expr, kind: ObjectKind | None) -> bool:
+    """The saved name is not known to hold a module: no construction, annotation or wrapper in
+    sight says so, only its name (`model_state = model.state_dict()`), which decides nothing."""
+    return (kind is None or kind.by_name) and not _module_on_every_branch(facts, target)
+
+
+@exemption("TL305", "neg_saved_value_known_not_a_module.py")
+def _known_not_a_module(kind: ObjectKind | None) -> bool:
+    """The saved value is known to be something other than a module, such as the dict
+    `model.state_dict()` returns: saving it is the recommended way."""
+    return kind is not None and kind.kind != "model"
+
+
 @rule(
     "TL305",
     "saving-whole-module",
@@ -52,8 +66,7 @@ def saving_whole_module(facts: Facts) -> Iterator[Hit]:
     `torch.save(model, path)` where `model` is an `nn.Module`: built from a module class in
     sight, or a parameter annotated as one; also the network a parallel wrapper holds
     (`torch.save(net.module, path)`), and a name that is either such a module or, when the
-    run resumes, what `torch.load` returned (`net = Net()` / `net = torch.load(path)`). A
-    name alone (`model_state = model.state_dict()`) decides nothing.
+    run resumes, what `torch.load` returned (`net = Net()` / `net = torch.load(path)`).
 
     ## Why it is wrong
     Pickling the module stores a reference to its class and module path, not just tensors.
@@ -79,9 +92,9 @@ def saving_whole_module(facts: Facts) -> Iterator[Hit]:
             isinstance(target, ast.Attribute) and target.attr == "module"
         ):
             kind = facts.kind_of(target.value)  # `net.module` of a DataParallel-wrapped net
-        if (kind is None or kind.by_name) and not _module_on_every_branch(facts, target):
+        if _not_known_a_module(facts, target, kind):
             continue  # a name like `model_state` says nothing about what is saved
-        if kind is not None and kind.kind != "model":
+        if _known_not_a_module(kind):
             continue
         text = facts.source.segment(target)
         yield Hit(
