@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 from torchls.analysis.facts import Facts
 from torchls.analysis.findings import Fix
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._edits import insert_line_after
 from torchls.analysis.rules._optimization import (
     _FUNCTION_TYPES,
@@ -36,6 +36,21 @@ def _scheduler_optimizer_key(facts: Facts, constructors: list[ast.Call]) -> str 
     return keys.pop() if len(keys) == 1 else None
 
 
+@exemption("TL401", "neg_hand_written_warmup_setter.py")
+def _project_scheduler(facts: Facts, call: ast.Call, found: object) -> bool:
+    """The stepped scheduler is a class of the project's own (no base outside the project),
+    whose `step()` follows its author's contract: typically it writes the rate for the coming
+    update into the param groups."""
+    return found is None and hand_written_scheduler(facts, facts.receiver(call))
+
+
+@exemption("TL401", "neg_scheduler_stepped_after_first_epoch.py")
+def _skips_first_iteration(parent: ast.AST, counters: set[str]) -> bool:
+    """The scheduler step sits under an `if` on the loop's counter (`if epoch > 0:`), which
+    skips the first iteration on purpose."""
+    return isinstance(parent, ast.If) and bool(names_in(parent.test) & counters)
+
+
 @rule(
     "TL401",
     "scheduler-before-optimizer",
@@ -49,9 +64,7 @@ def scheduler_before_optimizer(facts: Facts) -> Iterator[Hit]:
     `scheduler.step()` called in a loop before that loop's `optimizer.step()` (directly or in a
     helper such as `train_one_epoch(...)`, also one in another project module): at the top of
     the epoch loop before the batches, at the top of the batch loop before the update, or at
-    the top of a helper that runs the batch loop itself. A scheduler of the project's own (a
-    class with no base outside the project, whose `step()` typically writes the rate for the
-    coming update into the param groups) follows its author's contract and is not reported.
+    the top of a helper that runs the batch loop itself.
 
     ## Why it is wrong
     Since PyTorch 1.1 the scheduler must be stepped *after* the optimizer. Stepping it first
@@ -86,7 +99,7 @@ def scheduler_before_optimizer(facts: Facts) -> Iterator[Hit]:
         if stmt is None or not loops:
             continue
         found = scheduler_type(facts, facts.receiver(call))
-        if found is None and hand_written_scheduler(facts, facts.receiver(call)):
+        if _project_scheduler(facts, call, found):
             continue  # its own step() contract: setting the rate for the coming update, say
         optimizer_key = _scheduler_optimizer_key(facts, found[1]) if found else None
 
@@ -157,7 +170,7 @@ def _scheduler_position(
             return None
         if isinstance(parent, _LOOP_TYPES):
             return None
-        if isinstance(parent, ast.If) and not found_later and names_in(parent.test) & counters:
+        if not found_later and _skips_first_iteration(parent, counters):
             return None  # `if epoch > 0: scheduler.step()` skips the first iteration on purpose
         current = parent  # type: ignore[assignment]
     if not found_later:
