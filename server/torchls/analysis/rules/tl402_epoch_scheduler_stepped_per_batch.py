@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from torchls.analysis.facts import Facts
 from torchls.analysis.findings import Fix
 from torchls.analysis.objects import ObjectModel
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._edits import insert_line_after
 from torchls.analysis.rules._optimization import (
     _optimizer_step_inside,
@@ -44,6 +44,20 @@ def _per_batch_loop(facts: Facts, call: ast.Call) -> ast.AST | None:
     return loops[-1] if loops else None
 
 
+@exemption("TL402", "neg_matching_rates.py")
+def _counted_branch(facts: Facts, condition: ast.If, counters: set[str]) -> bool:
+    """The step inside the batch loop sits under a test of the loop's counter or of a `len()`
+    (`if (i + 1) % len(loader) == 0:`), with no optimizer step in that branch: it runs once
+    per epoch or per evaluation, not once per batch."""
+    mentions_len = any(
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "len"
+        for n in ast.walk(condition.test)
+    )
+    return bool(names_in(condition.test) & counters or mentions_len) and not (
+        _optimizer_step_inside(facts, condition)
+    )
+
+
 def _stepped_per_batch(facts: Facts, call: ast.Call) -> tuple[bool, ast.AST | None]:
     """(True, batch loop) when `call` runs once per training batch (the loop is None when the
     call sits in a helper called from batch loops)."""
@@ -53,13 +67,7 @@ def _stepped_per_batch(facts: Facts, call: ast.Call) -> tuple[bool, ast.AST | No
         for condition in facts.conditions_between(call, loop):
             if tests_only_scheduler(facts, condition.test, facts.receiver(call)):
                 continue
-            mentions_len = any(
-                isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "len"
-                for n in ast.walk(condition.test)
-            )
-            if (names_in(condition.test) & counters or mentions_len) and not (
-                _optimizer_step_inside(facts, condition)
-            ):
+            if _counted_branch(facts, condition, counters):
                 return False, None  # once per epoch / per evaluation, not per batch
         return True, loop
     function = facts.enclosing_function(call)
