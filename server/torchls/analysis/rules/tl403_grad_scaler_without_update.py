@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 from torchls.analysis.facts import Facts
 from torchls.analysis.findings import Fix
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._edits import insert_line_after
 from torchls.analysis.rules._optimization import is_scaler_call, method_calls, owns_lines
 
@@ -39,7 +39,10 @@ def _iteration_of(facts: Facts, node: ast.AST) -> ast.AST | None:
     return None
 
 
+@exemption("TL403", "neg_scaler_updated.py")
 def _updates_scaler(facts: Facts, node: ast.AST) -> bool:
+    """The iteration (or the function running it) calls `scaler.update()` on the `GradScaler`
+    that stepped, so the loss scale adapts every iteration."""
     return facts.node_reaches(node, lambda c: is_scaler_call(facts, c, "update"))
 
 
