@@ -13,7 +13,7 @@ from pathlib import Path
 
 from torchls.analysis.facts import Facts
 from torchls.analysis.findings import Fix, Related
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._edits import insert_line_before
 from torchls.analysis.rules._optimization import (
     CLIP_FUNCTIONS,
@@ -35,13 +35,28 @@ from torchls.analysis.rules._optimization_scaled_helpers import (
 )
 
 
+@exemption("TL404", "neg_scaler_built_disabled.py")
 def _scaler_disabled(facts: Facts, scaler: ast.expr | None) -> bool:
+    """The scaler is built with `enabled=False` (`GradScaler(enabled=False)`): it scales
+    nothing, so the gradients clipped are the true ones."""
     kind = facts.kind_of(scaler)
     constructor = kind.node if kind is not None else None
     if not isinstance(constructor, ast.Call):
         return False
     enabled = next((k.value for k in constructor.keywords if k.arg == "enabled"), None)
     return isinstance(enabled, ast.Constant) and enabled.value is False
+
+
+@exemption("TL404", "neg_unscaled_before_clip.py")
+def _unscaled_before(
+    facts: Facts, calls: list[ast.Call], backward: ast.Call, clip: ast.Call
+) -> bool:
+    """An `unscale_()` call runs between the last scaled backward and the clip
+    (`scaler.unscale_(optimizer)`): the clip sees the true gradients."""
+    return any(
+        position(backward) < position(c) < position(clip) and facts.method_name(c) == "unscale_"
+        for c in calls
+    )
 
 
 @rule(
@@ -98,10 +113,7 @@ def clip_scaled_gradients(facts: Facts) -> Iterator[Hit]:
         scaler = facts.receiver(facts.receiver(last_backward))  # type: ignore[arg-type]
         if _scaler_disabled(facts, scaler):
             continue
-        if any(
-            position(last_backward) < position(c) < here and facts.method_name(c) == "unscale_"
-            for c in calls
-        ):
+        if _unscaled_before(facts, calls, last_backward, clip):
             continue
         # The next scaled backward that always runs ends this clip's step; an optional one in
         # between (`if use_awp: scaler.scale(adv_loss).backward()`) leaves the gradients
