@@ -10,7 +10,7 @@ import ast
 from collections.abc import Iterator
 
 from torchls.analysis.facts import Facts
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._optimization import (
     _lowest_common_ancestor,
     _path_unconditional,
@@ -27,12 +27,22 @@ def is_plain_optimizer_step(facts: Facts, call: ast.Call) -> bool:
 _BRANCHING = (ast.If, ast.Try, ast.IfExp, ast.BoolOp, ast.Match, getattr(ast, "TryStar", ast.Try))
 
 
+@exemption("TL405", "neg_single_step.py")
+def _on_separate_branches(facts: Facts, first: ast.AST, second: ast.AST) -> bool:
+    """The two steps sit on different branches of an `if`, `try`, conditional expression or
+    `match` (`if use_amp: scaler.step(opt) else: opt.step()`): only one of them runs."""
+    ancestor = _lowest_common_ancestor(facts, first, second)
+    return ancestor is None or isinstance(ancestor, _BRANCHING)
+
+
 def run_together(facts: Facts, first: ast.AST, second: ast.AST) -> bool:
     """True when `first` and `second` always run together: same function, no branch or inner
     loop separating them."""
-    ancestor = _lowest_common_ancestor(facts, first, second)
-    if ancestor is None or isinstance(ancestor, _BRANCHING):
+    if _on_separate_branches(facts, first, second):
         return False
+    ancestor = _lowest_common_ancestor(facts, first, second)
+    if ancestor is None:
+        return False  # already excluded by `_on_separate_branches`; said again for mypy
     return _path_unconditional(facts, first, ancestor) and _path_unconditional(
         facts, second, ancestor
     )
@@ -48,9 +58,11 @@ def stepped_again(facts: Facts, first: ast.Call, second: ast.Call) -> bool:
     between them leaves the iteration (`continue`, `return`, ...)."""
     if facts.scope(first) is not facts.scope(second) or first.lineno >= second.lineno:
         return False
-    ancestor = _lowest_common_ancestor(facts, first, second)
-    if ancestor is None or isinstance(ancestor, _BRANCHING):
+    if _on_separate_branches(facts, first, second):
         return False
+    ancestor = _lowest_common_ancestor(facts, first, second)
+    if ancestor is None:
+        return False  # already excluded by `_on_separate_branches`; said again for mypy
     if not _path_unconditional(facts, second, ancestor):
         return False
     loops = facts.enclosing_loops(first)
@@ -67,15 +79,23 @@ def stepped_again(facts: Facts, first: ast.Call, second: ast.Call) -> bool:
         current = facts.parents.get(current)
     if current is None or not branched:
         return False  # the accumulation branch's step, then the leftover one
+    return not _backward_or_exit_between(facts, first, second)
+
+
+@exemption("TL405", "neg_branch_step_then_fresh_backward.py")
+def _backward_or_exit_between(facts: Facts, first: ast.Call, second: ast.Call) -> bool:
+    """Between the two plain steps the code runs a backward pass or leaves the iteration
+    (`continue`, `return`, `break`, `raise`, `yield`, `await`): each step applies its own
+    gradients, or only one of them runs."""
     for node in facts.walk_local(facts.scope(first)):
         line = getattr(node, "lineno", 0)
         if not first.end_lineno < line < second.lineno:  # type: ignore[operator]
             continue
         if isinstance(node, (*_LEAVES, ast.Yield, ast.Await)):
-            return False
+            return True
         if isinstance(node, ast.Call) and facts.reaches(node, facts.is_backward):
-            return False
-    return True
+            return True
+    return False
 
 
 @rule(
@@ -88,8 +108,7 @@ def double_optimizer_step(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
     The same optimizer stepped twice in one iteration: once through the GradScaler
-    (`scaler.step(optimizer)`) and once directly (`optimizer.step()`), with no branch between
-    them (the usual `if use_amp: scaler.step(opt) else: opt.step()` is fine); also a plain
+    (`scaler.step(optimizer)`) and once directly (`optimizer.step()`); also a plain
     `optimizer.step()` under an `if` of the loop body (an accumulation branch) followed,
     unconditionally and with no backward() in between, by another `optimizer.step()`.
 
