@@ -6,13 +6,32 @@ Checks that a `ReduceLROnPlateau` is stepped with the metric it monitors. In: th
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Iterator
 
 from torchls.analysis.facts import Facts
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._optimization import method_calls, names_in
 from torchls.analysis.rules._optimization_narrowing import narrowed_scheduler
 from torchls.analysis.schedulers import scheduler_type
+
+
+@exemption("TL407", "neg_plateau_with_metric.py")
+def _metric_passed(call: ast.Call) -> bool:
+    """`step(...)` is given an argument (`scheduler.step(val_loss)`, `step(metrics=...)`): the
+    monitored value the plateau scheduler needs."""
+    return bool(call.args or call.keywords)
+
+
+@exemption("TL407", "neg_plateau_stepped_by_type_checking_helper.py")
+def _type_tested_around(facts: Facts, call: ast.Call) -> bool:
+    """The plain `step()` sits under a branch that tests the scheduler's type (`isinstance`,
+    `type(...)`, the `ReduceLROnPlateau` name) without saying it is one: the code steps
+    other schedulers there, the plateau one elsewhere with its metric."""
+    branches = facts.conditions_between(call, facts.scope(call))
+    return any(
+        {"isinstance", "ReduceLROnPlateau", "type"} & names_in(branch.test) for branch in branches
+    )
 
 
 @rule(
@@ -49,7 +68,7 @@ def plateau_step_without_metric(facts: Facts) -> Iterator[Hit]:
     pass is the author's choice).
     """
     for call in method_calls(facts, "step"):
-        if call.args or call.keywords:
+        if _metric_passed(call):
             continue
         text = facts.source.segment(facts.receiver(call))  # type: ignore[arg-type]
         narrowed = narrowed_scheduler(facts, call)
@@ -66,11 +85,7 @@ def plateau_step_without_metric(facts: Facts) -> Iterator[Hit]:
         found = scheduler_type(facts, facts.receiver(call))
         if found is None or found[0] != "ReduceLROnPlateau":
             continue
-        branches = facts.conditions_between(call, facts.scope(call))
-        if any(
-            {"isinstance", "ReduceLROnPlateau", "type"} & names_in(branch.test)
-            for branch in branches
-        ):
+        if _type_tested_around(facts, call):
             continue
         yield Hit(
             call,
