@@ -12,6 +12,7 @@ import ast
 
 from torchls.analysis.facts import Facts
 from torchls.analysis.findings import Edit
+from torchls.analysis.registry import exemption
 from torchls.analysis.rules._edits import delete_statement_line
 
 CLIP_FUNCTIONS = (
@@ -25,8 +26,10 @@ _FUNCTION_TYPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassD
 _LOOP_TYPES = (ast.For, ast.AsyncFor, ast.While)
 
 
+@exemption("TL408", "neg_clip_before_step.py")
 def clips_nothing(facts: Facts, clip: ast.Call) -> bool:
-    """`clip_grad_norm_(params, float("inf"))`: only measures the norm (for logging)."""
+    """`clip_grad_norm_(params, float("inf"))` after the step: an infinite limit changes no
+    gradient, the call only measures the norm (for logging)."""
     limit = next((k.value for k in clip.keywords if k.arg in ("max_norm", "clip_value")), None)
     if limit is None and len(clip.args) > 1:
         limit = clip.args[1]

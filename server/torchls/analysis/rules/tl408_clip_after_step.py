@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 from torchls.analysis.facts import Facts
 from torchls.analysis.findings import Fix
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._edits import insert_line_before
 from torchls.analysis.rules._optimization import (
     _FUNCTION_TYPES,
@@ -51,8 +51,10 @@ def _previous_event(facts: Facts, stmt: ast.stmt) -> tuple[str, ast.stmt] | None
         current = parent  # type: ignore[assignment]
 
 
+@exemption("TL408", "neg_clip_before_step.py")
 def _steps_before_next_backward(facts: Facts, stmt: ast.stmt) -> bool:
-    """True when an optimizer step follows `stmt` before any backward pass."""
+    """The clip is followed by an optimizer step before the next backward pass: it clips
+    the gradients that step is about to apply."""
     current: ast.stmt = stmt
     while True:
         block = block_of(facts, current)
@@ -80,7 +82,7 @@ def clip_after_step(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
     `clip_grad_norm_` / `clip_grad_value_` called after `optimizer.step()` with no backward
-    pass in between (and no other optimizer step after it that the clip could be meant for).
+    pass in between.
 
     ## Why it is wrong
     Clipping only matters before the update. After `step()` the gradients were already
