@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 
 from torchls.analysis.facts import Facts
+from torchls.analysis.registry import exemption
 
 PACKING = ("pack_padded_sequence", "pack_sequence")
 # Builtins that take plain Python values (a list of lengths, a count), not device tensors.
@@ -65,6 +66,7 @@ def _forward_of(facts: Facts, func: ast.expr) -> tuple[Facts, ast.FunctionDef] |
     return (owner, forward) if isinstance(forward, ast.FunctionDef) else None
 
 
+@exemption("TL501", "neg_packing_lengths_stay_on_cpu.py")
 def _host_only_input(facts: Facts, call: ast.Call, argument: ast.Name) -> bool:
     """The loader value is used as a host value, not as a tensor input: in the loop it is
     passed as `pack_padded_sequence`'s lengths, or the model's `forward` only ever uses the

@@ -8,10 +8,10 @@ import ast
 import re
 from collections.abc import Iterator
 
-from torchls.analysis.facts import Facts
+from torchls.analysis.facts import Facts, Origin
 from torchls.analysis.findings import Fix
 from torchls.analysis.queries.tensors import float_cast
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._edits import replace_node
 from torchls.analysis.rules._losses import _short
 
@@ -23,6 +23,14 @@ INDEX_NAME = re.compile(
 )
 
 
+@exemption("TL106", "neg_soft_labels_by_name.py")
+def _named_as_soft_labels(facts: Facts, origin: Origin) -> bool:
+    """The target's source or a step on its way names soft labels (`one_hot`, `soft`,
+    `smooth`, `mix`, `prob`, `dist`, `teacher`, `lam`): float targets on purpose."""
+    text = " ".join(facts.source.segment(n) for n in (origin.node, *origin.via))
+    return SOFT_LABEL_HINT.search(text) is not None
+
+
 def is_class_index_source(facts: Facts, expr: ast.expr) -> bool:
     """True when every origin of `expr` looks like class indices straight from the data: a
     loop target or an item of a batch, with no sign of soft labels on the way."""
@@ -32,8 +40,7 @@ def is_class_index_source(facts: Facts, expr: ast.expr) -> bool:
     for origin in origins:
         if origin.facts is not None or not all(facts.owns(n) for n in origin.via):
             return False
-        text = " ".join(facts.source.segment(n) for n in (origin.node, *origin.via))
-        if SOFT_LABEL_HINT.search(text):
+        if _named_as_soft_labels(facts, origin):
             return False
         node = origin.node
         if isinstance(node, ast.Name):
@@ -73,8 +80,7 @@ def class_targets_cast_to_float(facts: Facts) -> Iterator[Hit]:
     ## Why it is wrong
     With a float target, `CrossEntropyLoss` switches to its soft-label mode and expects a
     `[N, C]` probability tensor: a `[N]` float target raises a shape error at best; with
-    `NLLLoss` it fails outright. Class indices must stay `int64`. Soft labels built from
-    `one_hot`, mixup or label smoothing are float on purpose and are not reported.
+    `NLLLoss` it fails outright. Class indices must stay `int64`.
 
     ## Example
     ```python

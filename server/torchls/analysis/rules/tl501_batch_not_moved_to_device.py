@@ -9,7 +9,7 @@ import ast
 from collections.abc import Iterator
 
 from torchls.analysis.facts import Facts
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._numerics_host import _host_only_input
 from torchls.analysis.rules._numerics_quantized import unmoved_tokens
 
@@ -52,17 +52,12 @@ def batch_not_moved_to_device(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
     The model is moved with `.to(device)` / `.cuda()`, but a tensor taken straight from a data
-    loader is passed to it without being moved. Values meant to stay on the host are not
-    reported: the lengths given to `pack_padded_sequence`, or an input the model's `forward`
-    only uses as such. Nor is a batch given to `nn.DataParallel` or to
-    `DistributedDataParallel(..., device_ids=[gpu])`: their forward copies it to the device,
-    nor one from a loader whose in-file `collate_fn` returns every tensor already moved, nor
-    one from detectron2's `build_detection_*_loader` (a list of per-image dicts, which the
-    detection model moves itself), nor batches from a list the code built itself (a literal
-    or a comprehension of slices: not a loader's host tensors). Also a model that loading
-    itself puts on the GPU (`from_pretrained` with a bitsandbytes 4- or 8-bit
-    `quantization_config` and no `device_map`), even in `__init__` of a wrapper class, given
-    a tokenizer's `return_tensors="pt"` output unmoved in another method.
+    loader is passed to it without being moved. A model that loading itself puts on the GPU
+    (`from_pretrained` with a bitsandbytes 4- or 8-bit `quantization_config` and no
+    `device_map`), even in `__init__` of a wrapper class, counts as moved: a tokenizer's
+    `return_tensors="pt"` output given to it unmoved in another method is reported. Values
+    meant to stay on the host, and batches that a loader or a wrapper puts on the device
+    itself, are not.
 
     ## Why it is wrong
     On a GPU this fails at the first batch ("Expected all tensors to be on the same device"),
@@ -125,6 +120,7 @@ def batch_not_moved_to_device(facts: Facts) -> Iterator[Hit]:
                 )
 
 
+@exemption("TL501", "neg_batches_sliced_on_device.py")
 def _iterates_a_list_built_here(facts: Facts, loop: ast.AST) -> bool:
     """The loop runs over a list the code built itself (a literal or a comprehension, also
     passed in for a parameter by every call site: `calib = [(x[i:i + 2], y[i:i + 2]) ...]`),
@@ -182,9 +178,11 @@ def _same_object_in_sight(
 DICT_LIST_LOADERS = ("detectron2.data.build_detection_",)
 
 
+@exemption("TL501", "neg_detectron2_dict_batches.py")
 def _dict_list_batches(facts: Facts, loop: ast.AST) -> bool:
-    """Every loader the loop iterates (one, or each of a `zip(...)`) is built by a factory of
-    `DICT_LIST_LOADERS`, told from its binding or, for a parameter, every call site."""
+    """Every loader the loop iterates (one, or each of a `zip(...)`) is one of detectron2's
+    `build_detection_*_loader`s, whose batches are lists of per-image dicts that the detection
+    model moves itself; told from its binding or, for a parameter, every call site."""
     if not isinstance(loop, (ast.For, ast.AsyncFor)):
         return False
     iterable: ast.expr | None = loop.iter
@@ -220,6 +218,8 @@ def _dict_list_batches(facts: Facts, loop: ast.AST) -> bool:
     return True
 
 
+@exemption("TL501", "neg_collate_fn_moves_the_batch.py")
+@exemption("TL501", "neg_collate_fn_moves_the_batch_through_progress_bar.py")
 def _collated_onto_device(facts: Facts, loop: ast.AST) -> bool:
     """The loop iterates a `DataLoader(..., collate_fn=f)` whose in-file `f` moves what it
     builds (`return labels.to(device), text.to(device)`): the batches arrive on the device.
@@ -282,6 +282,8 @@ def _loader_collates_onto_device(facts: Facts, loader: ast.expr | None) -> bool:
     return True
 
 
+@exemption("TL501", "neg_data_parallel_scatters_the_batch.py")
+@exemption("TL501", "neg_ddp_with_device_ids_moves_the_batch.py")
 def _moves_its_inputs(facts: Facts, model: ast.expr, depth: int = 0) -> bool:
     """`model` is a wrapper whose forward copies its inputs to the device itself:
     `nn.DataParallel(net)` scatters them over its GPUs, `DistributedDataParallel(net,

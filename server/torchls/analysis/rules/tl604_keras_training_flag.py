@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from torchls.analysis import keras as k
 from torchls.analysis.facts import Facts
 from torchls.analysis.findings import Fix
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._edits import replace_node
 from torchls.analysis.rules._keras import _add_keyword
 
@@ -34,6 +34,21 @@ def _flag_fix(facts: Facts, call: ast.Call, value: bool) -> Fix:
     return Fix("unsafe", f"Call the model with `training={text}`", (edit,))
 
 
+@exemption("TL604", "neg_input_gradients.py")
+def _gradients_for_inputs_only(facts: Facts, tape: k.Tape) -> bool:
+    """No gradient the tape takes is for the model's weights: gradients for the inputs
+    (a saliency map) want the model in inference mode."""
+    return not any(k.takes_weight_gradients(facts, g) for g in k.gradient_calls(facts, tape))
+
+
+@exemption("TL604", "neg_frozen_batchnorm_finetune.py")
+@exemption("TL604", "neg_flags_explicit.py")
+def _training_flag_given(call: ast.Call) -> bool:
+    """The model call on the tape passes `training=` itself: `training=False` to keep a
+    frozen BatchNormalization in inference mode when fine-tuning, or a flag passed along."""
+    return k.training_flag(call) is not None
+
+
 @rule(
     "TL604",
     "keras-training-flag",
@@ -47,8 +62,7 @@ def keras_training_flag(facts: Facts) -> Iterator[Hit]:
     In a custom training step (a model call inside `with tf.GradientTape():` whose gradients are
     taken), a call of a model that contains `Dropout` or `BatchNormalization` with no
     `training=` argument; and in an evaluation step (`test_step` / `predict_step` of a `Model`
-    subclass), a call with `training=True`. An explicit `training=False` on the tape (frozen
-    BatchNormalization when fine-tuning) and `training=flag` passed along are left alone.
+    subclass), a call with `training=True`.
 
     ## Why it is wrong
     `fit()` sets the training phase for you; a hand-written loop does not. Called without
@@ -73,10 +87,10 @@ def keras_training_flag(facts: Facts) -> Iterator[Hit]:
     if not k.uses_keras(facts):
         return
     for tape in k.tapes(facts):
-        if not any(k.takes_weight_gradients(facts, g) for g in k.gradient_calls(facts, tape)):
-            continue  # gradients for the inputs (saliency) want inference mode
+        if _gradients_for_inputs_only(facts, tape):
+            continue
         for call, model in k.model_calls_in(facts, tape.with_node):
-            if not model.stochastic or k.training_flag(call) is not None:
+            if not model.stochastic or _training_flag_given(call):
                 continue
             yield Hit(
                 call,
