@@ -18,6 +18,7 @@ from torchls.analysis.facts import Facts, FunctionNode
 from torchls.analysis.objects import ClassRef, ObjectModel
 from torchls.analysis.queries.tensors import detached_value
 from torchls.analysis.queries.vocabulary import ClassInfo
+from torchls.analysis.registry import exemption
 
 _STEP_HOOK = "training_step"
 _EMPTYING = {"clear", "pop", "popleft"}
@@ -42,6 +43,7 @@ def _self_list(expr: ast.expr) -> str | None:
     return None
 
 
+@exemption("TL206", "neg_lightning_step_outputs_detached.py")
 def _emptied_per_step(facts: Facts, info: ClassInfo, attr: str) -> bool:
     """Some method other than `__init__` and the epoch-level hooks (`on_train_epoch_end`)
     empties or rebinds `self.<attr>`: it may run every batch, so nothing is known to pile up."""

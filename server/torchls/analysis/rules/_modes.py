@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from torchls.analysis.facts import EVAL_FUNCTION_RE, Facts, FunctionNode
 from torchls.analysis.modes import ModeAnalysis, _is_mode_call, analyse_modes, run_key
 from torchls.analysis.queries.flow import guard_holds, guard_of
+from torchls.analysis.registry import exemption
 
 
 class FileModes:
@@ -82,6 +83,7 @@ def evaluation_context(facts: Facts, call: ast.Call) -> ast.AST | None:
     return context
 
 
+@exemption("TL201", "neg_backward_inside_scaler_object.py")
 def _handles_optimizer(facts: Facts, loop: ast.AST) -> bool:
     """The loop clears gradients or hands an optimizer to something (`optimizer.zero_grad()`,
     `loss_scaler(loss, optimizer)` whose backward is out of sight): it trains. Over a loader
@@ -110,9 +112,11 @@ def _trainer(facts: Facts):
     return trains
 
 
+@exemption("TL202", "neg_step_method_evals_then_runs_helper.py")
 def _function_trains(facts: Facts, function: ast.AST) -> bool:
-    """`function` (or what it calls) backwards or steps an optimizer; asked once per
-    function, for every model call in its loops."""
+    """The function holding the model call trains (it, or a helper it calls, runs
+    `backward()` or steps an optimizer): its loops are training, not evaluation."""
+    # Asked once per function, for every model call in its loops: cached per file.
     cache = facts.get(TrainingFunctions).by_function
     found = cache.get(function)
     if found is None:
@@ -182,6 +186,7 @@ def _derived_from_target(facts: Facts, loop: ast.For | ast.AsyncFor, call: ast.C
     return names
 
 
+@exemption("TL201", "neg_inference_helper_inside_training.py")
 def _on_training_path(
     facts: Facts, function: ast.AST, depth: int = 0, loader: bool = False
 ) -> bool:
@@ -209,6 +214,7 @@ def _on_training_path(
     return False
 
 
+@exemption("TL201", "neg_generate_helper_in_train_mode.py")
 def _trains_alongside(facts: Facts, loop: ast.AST, site: ast.Call) -> bool:
     """`loop` trains in the iterations that run `site`: some backward or optimizer step (or
     an in-file helper that does one) sits in `loop` outside every nested loop that leaves
@@ -301,6 +307,7 @@ def _evaluating_calls(
             yield site, function, found[1], found[2], entry
 
 
+@exemption("TL201", "neg_shared_loop_switches_mode_by_flag.py")
 def _switched_to_eval_by_flag(
     facts: Facts, function: FunctionNode, key: str, param: str, argument: ast.expr
 ) -> bool:

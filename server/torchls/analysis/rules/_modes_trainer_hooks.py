@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 from torchls.analysis.facts import Facts, FunctionNode
 from torchls.analysis.objects import ClassRef, ObjectModel
+from torchls.analysis.registry import exemption
 
 # The hook the Trainer's loop runs for each training step, with the model it trains.
 _LOSS_HOOK = "compute_loss"
@@ -92,6 +93,7 @@ def _parameter_receiving(helper: FunctionNode, call: ast.Call, name: str) -> str
     return None
 
 
+@exemption("TL203", "neg_trainer_loss_hook_keeps_train_mode.py")
 def _guarded(facts: Facts, call: ast.Call, function: FunctionNode) -> bool:
     """The eval() runs under an `if` (or `while`) whose test reads `.training`, or in an arm
     of an `if` whose other arm calls `train()`: a mode chosen on purpose."""

@@ -16,7 +16,7 @@ from torchls.analysis.findings import Fix
 from torchls.analysis.layers import built_mode_sensitive, mode_sensitive, runs_no_module
 from torchls.analysis.modes import run_key
 from torchls.analysis.queries.vocabulary import argument_at
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._edits import insert_line_after, insert_line_before
 from torchls.analysis.rules._modes import (
     _evaluating_calls,
@@ -28,6 +28,7 @@ from torchls.analysis.rules._modes import (
 from torchls.analysis.rules._modes_scripts import unswitched_loaded_modules
 
 
+@exemption("TL201", "neg_train_mode_for_statistics_pass.py")
 def _put_in_train_for_this_loop(facts: Facts, context: ast.AST, modes: frozenset) -> bool:
     """Every mode reaching the loop comes from an explicit `train()` that precedes the loop
     (or the `with` block around it) in the same block, with no training in between: the
@@ -61,6 +62,7 @@ def _put_in_train_for_this_loop(facts: Facts, context: ast.AST, modes: frozenset
     return True
 
 
+@exemption("TL201", "neg_sampler_built_on_the_evaluated_network.py")
 def _wraps_what_was_evaluated(facts: Facts, call: ast.Call, context: ast.AST) -> bool:
     """`evaluate(sampler, net)` puts `net` in eval() and runs `sampler(x)`: at every call site
     the sampler passed in is a project module built on the very network passed for `net`
@@ -264,6 +266,7 @@ def _loaded_out_of_sight(facts: Facts) -> Iterator[Hit]:
         )
 
 
+@exemption("TL201", "neg_mode_free_modules_handed_to_validate.py")
 def _mode_free(facts: Facts, call: ast.Call, modes: frozenset) -> bool:
     """No layer of the module `call` runs reads the mode: known from its binding here, or,
     for a module handed to this helper, from the construction its mode facts point to
@@ -280,6 +283,7 @@ def _mode_free(facts: Facts, call: ast.Call, modes: frozenset) -> bool:
     )
 
 
+@exemption("TL201", "neg_target_smoother_module.py")
 def _function_module(facts: Facts, modes: frozenset) -> bool:
     """Every mode fact of the module comes from its construction here, and what each
     constructor builds runs nothing it holds (`LabelSmoothing(eps, pad, vocab)`, whose
@@ -294,6 +298,7 @@ def _function_module(facts: Facts, modes: frozenset) -> bool:
     )
 
 
+@exemption("TL201", "neg_torch_layer_ignores_mode.py")
 def _torch_layer_without_mode(facts: Facts, call: ast.Call, modes: frozenset) -> bool:
     """The module `call` runs is, wherever it is built, one of torch's own layers that
     ignores the mode (`up = nn.Upsample(size)`, `nn.MaxPool2d(2)`): unlike a project class,
@@ -320,6 +325,7 @@ def _torch_layer_without_mode(facts: Facts, call: ast.Call, modes: frozenset) ->
     return True
 
 
+@exemption("TL201", "neg_loss_module_on_explicit_forward.py")
 def _applied_to_outputs(facts: Facts, call: ast.Call, key: str) -> bool:
     """Some argument of `call` is the output of another module's forward (`criterion(
     model(x), y)`, or through a local): the called module post-processes a model's outputs,

@@ -17,7 +17,7 @@ from torchls.analysis.findings import Fix, Related
 from torchls.analysis.modes import run_key, runs_generation
 from torchls.analysis.queries.flow import guard_of
 from torchls.analysis.queries.vocabulary import argument_at
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._edits import insert_at
 from torchls.analysis.rules._modes import (
     _evaluating_calls,
@@ -310,6 +310,7 @@ def _grad_may_follow_flag(facts: Facts, function: FunctionNode, call: ast.Call, 
     return False
 
 
+@exemption("TL202", "neg_shared_epoch_loop_grad_follows_flag.py")
 def _grad_switched_around(facts: Facts, function: FunctionNode, call: ast.Call) -> bool:
     """Between `call` and its function, a `with` that may turn gradients off at run time
     (`torch.set_grad_enabled(train)`, `torch.no_grad() if not train else nullcontext()`,
@@ -328,6 +329,7 @@ def _grad_switched_around(facts: Facts, function: FunctionNode, call: ast.Call) 
     return False
 
 
+@exemption("TL202", "neg_attack_loop_needs_gradients.py")
 def _needs_gradients(facts: Facts, loop: ast.AST) -> bool:
     """The loop computes gradients itself (`torch.autograd.grad(...)`, `x.requires_grad =
     True`, `x.requires_grad_()`): no_grad would break it."""

@@ -14,7 +14,7 @@ from torchls.analysis.facts import Facts
 from torchls.analysis.findings import Fix
 from torchls.analysis.layers import mode_sensitive
 from torchls.analysis.modes import built_in_eval_mode, run_module, runs_generation
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._edits import insert_line_after, insert_line_before
 from torchls.analysis.rules._modes import (
     BackpropagatedCalls,
@@ -26,6 +26,7 @@ from torchls.analysis.rules._modes_step_helpers import forwards_in_step_helpers
 from torchls.analysis.rules._modes_trainer_hooks import evals_in_training_steps
 
 
+@exemption("TL203", "neg_inference_only_flag.py")
 def _skipped_by_same_test(facts: Facts, setter: ast.AST, call: ast.Call) -> bool:
     """The eval() runs only under `if <test>:`, and every iteration that reaches `call`
     first passes an `if <test>: break` (or return/continue/raise) on the same test: the
@@ -309,6 +310,7 @@ def _guarded_apart(facts: Facts, setter: ast.AST, loop: ast.AST) -> bool:
     return True
 
 
+@exemption("TL203", "neg_mode_picked_per_epoch_by_branch.py")
 def _mode_chosen_by_branch(facts: Facts, setter: ast.AST) -> bool:
     """`setter` is a plain `model.eval()` statement in one arm of an `if`/`elif` chain whose
     other arm calls `model.train()` on the same model: the mode is picked on purpose for what

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 from torchls.analysis.facts import Facts
 from torchls.analysis.findings import Fix, Related
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._edits import insert_line_before
 from torchls.analysis.rules._modes_backprop import loops_through_handed_backprop
 
@@ -58,6 +58,7 @@ def _privacy_wrapped(facts: Facts) -> set[str]:
     return found
 
 
+@exemption("TL204", "neg_mxnet_gluon_loop.py")
 def _other_framework(facts: Facts) -> bool:
     """The file trains with another framework and never imports torch."""
     modules = {target.split(".")[0] for target in facts.imports.values()}
@@ -114,8 +115,10 @@ def _uncleared_steps(facts: Facts, loop: ast.AST) -> set[int]:
     return found
 
 
+@exemption("TL204", "neg_each_network_cleared_through_its_module.py")
 def _overlap(first: set[str], second: set[str]) -> bool:
-    """Two sets of module keys share parameters (`D` and `D.net` do)."""
+    """The step's optimizer shares parameters with a network the loop clears, the same one
+    or one inside the other (`D` and `D.net`): `critic.zero_grad()` clears `critic_opt`'s."""
     return any(
         a == b or a.startswith(b + ".") or b.startswith(a + ".") for a in first for b in second
     )

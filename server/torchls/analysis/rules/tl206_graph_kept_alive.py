@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from torchls.analysis.facts import Facts
 from torchls.analysis.findings import Fix
 from torchls.analysis.queries.tensors import detached_value
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._edits import insert_at
 from torchls.analysis.rules._graph_containers import (
     accumulation,
@@ -96,6 +96,7 @@ def _loss_names(
     return names, containers, sources
 
 
+@exemption("TL206", "neg_rebound_detached.py")
 def _rebound_detached(facts: Facts, use: ast.Name, assignment: object) -> bool:
     """The binding of `use` that reaches it is a plain rebinding to a detached value
     (`loss = loss.detach().cpu()`, `loss = loss.item()`) in a block that encloses the use,

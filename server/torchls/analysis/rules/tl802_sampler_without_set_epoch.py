@@ -16,7 +16,7 @@ from pathlib import Path
 from torchls.analysis.facts import Facts
 from torchls.analysis.findings import Fix, Related
 from torchls.analysis.queries.vocabulary import _unwrap_iterable
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._distributed import MAX_DEPTH
 from torchls.analysis.rules._distributed_samplers import (
     SAMPLERS,
@@ -113,6 +113,7 @@ def _reiterated_by_hand(facts: Facts, loop: ast.AST, loader_key: str) -> bool:
     )
 
 
+@exemption("TL802", "neg_accelerate_prepares_loader.py")
 def _prepared_by_library(facts: Facts, loader_key: str, scope: ast.AST) -> bool:
     """The loader is handed to Accelerate's `prepare` or Fabric's `setup_dataloaders`: the
     loader they return calls `set_epoch` on its sampler at every new iteration itself."""
