@@ -56,13 +56,12 @@ class LibraryLoop:
 def library_loops(facts: Facts) -> list[LibraryLoop]:
     found = []
     for call in facts.calls:
-        if not call.args and not call.keywords:
-            continue
-        if not _is_known_net(facts, call):
+        # The explicit criterion first: it is what most calls lack, and the cheapest to see.
+        criterion = next((k.value for k in call.keywords if k.arg == "criterion"), None)
+        if criterion is None:
             continue
         module = _keyword_or_first(call, "module")
-        criterion = next((k.value for k in call.keywords if k.arg == "criterion"), None)
-        if module is None or criterion is None:
+        if module is None or not _is_known_net(facts, call):
             continue
         loss = _criterion_kind(facts, criterion)
         klass = _module_class(facts, module)

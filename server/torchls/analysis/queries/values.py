@@ -488,9 +488,9 @@ class ValueQueries(IndexQueries):
         attribute name; a target of a tuple, augmented or annotated assignment, or a `del`,
         records no value."""
         found: dict[str, list[tuple[ast.Attribute, ast.expr | None]]] = {}
-        for node in ast.walk(self.tree):
-            if isinstance(node, ast.Attribute) and not isinstance(node.ctx, ast.Load):
-                parent = self.parents.get(node)
+        # The index's parent table holds every node of the tree: no walk needed.
+        for node, parent in self.parents.items():
+            if type(node) is ast.Attribute and not isinstance(node.ctx, ast.Load):
                 value = parent.value if isinstance(parent, ast.Assign) else None
                 if isinstance(parent, ast.Assign) and len(parent.targets) != 1:
                     value = None
