@@ -1,8 +1,9 @@
 """What the torch.distributed rules (TL801-TL803) share: the rank-zero decorators and how deep
 they follow call sites and names.
 
-In: a function node. Out: whether a decorator such as `@rank_zero_only` makes it run on rank 0
-only (TL801, TL803), and `MAX_DEPTH`, the bound on the callers and bindings TL803 follows
+In: a function node, a file's `Facts`. Out: whether a decorator such as `@rank_zero_only` makes
+it run on rank 0 only (TL801, TL803), `RankExits` (per function, the rank tests that leave it
+early, found once: TL803), and `MAX_DEPTH`, the bound on the callers and bindings TL803 follows
 (TL802's loader tracing, in `_distributed_samplers`, allows twice as many steps).
 """
 
@@ -10,8 +11,8 @@ from __future__ import annotations
 
 import ast
 
-from torchls.analysis.facts import FunctionNode
-from torchls.analysis.ranks import identifier
+from torchls.analysis.facts import Facts, FunctionNode
+from torchls.analysis.ranks import identifier, mentions_rank
 
 RANK_ZERO_DECORATORS = {
     "rank_zero_only",
@@ -31,3 +32,28 @@ def _decorated_rank_zero(function: FunctionNode) -> bool:
         if identifier(target) in RANK_ZERO_DECORATORS:
             return True
     return False
+
+
+class RankExits:
+    """Per function of one file, the `if <rank test>:` statements whose body leaves it
+    (`return`, `raise`, `continue`, `break`): found once per function, since every save and
+    call below them asks."""
+
+    def __init__(self, facts: Facts) -> None:
+        self.facts = facts
+        self._by_function: dict[FunctionNode, list[ast.If]] = {}
+        # `_saves_below` answers, by (function, depth), for the calls that reach them again.
+        self.saves_below: dict[tuple[FunctionNode, int], list[tuple[Facts, ast.Call]]] = {}
+
+    def of(self, function: FunctionNode) -> list[ast.If]:
+        found = self._by_function.get(function)
+        if found is None:
+            exits = (ast.Return, ast.Raise, ast.Continue, ast.Break)
+            found = self._by_function[function] = [
+                stmt
+                for stmt in self.facts.walk_local(function)
+                if isinstance(stmt, ast.If)
+                and mentions_rank(self.facts, stmt.test)
+                and any(isinstance(s, exits) for body in stmt.body for s in ast.walk(body))
+            ]
+        return found

@@ -18,6 +18,7 @@ from torchls.analysis.facts import EVAL_FUNCTION_RE, Facts, FunctionNode
 from torchls.analysis.modes import ModeAnalysis, _is_mode_call, analyse_modes, run_key
 from torchls.analysis.queries.flow import guard_holds, guard_of
 from torchls.analysis.registry import exemption
+from torchls.analysis.rules._modes_memos import TrainingFunctions
 
 
 class FileModes:
@@ -26,30 +27,6 @@ class FileModes:
 
     def __init__(self, facts: Facts) -> None:
         self.analysis = analyse_modes(facts)
-
-
-class TrainingFunctions:
-    """Per file: whether each function asked about trains (`_function_trains`), so the
-    question is answered once per function, however many model calls its loops hold."""
-
-    def __init__(self, facts: Facts) -> None:
-        self.by_function: dict[ast.AST, bool] = {}
-
-
-class BackpropagatedCalls:
-    """Per file: for each training loop TL203 asks about, the calls whose value a backward()
-    of the loop runs through (filled by TL203's `_backpropagated_calls`)."""
-
-    def __init__(self, facts: Facts) -> None:
-        self.by_loop: dict[ast.AST, set[ast.Call]] = {}
-
-
-class TrainingForwards:
-    """Per file: for each training loop TL203 asks about, the forward passes whose graph a
-    backward() of the loop runs through (filled by TL203's `_trains_forward`)."""
-
-    def __init__(self, facts: Facts) -> None:
-        self.by_loop: dict[ast.AST, set[ast.Call]] = {}
 
 
 def modes_of(facts: Facts) -> ModeAnalysis:

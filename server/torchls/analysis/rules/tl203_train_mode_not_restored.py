@@ -16,12 +16,8 @@ from torchls.analysis.layers import mode_sensitive
 from torchls.analysis.modes import built_in_eval_mode, run_module, runs_generation
 from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._edits import insert_line_after, insert_line_before
-from torchls.analysis.rules._modes import (
-    BackpropagatedCalls,
-    TrainingForwards,
-    _trainer,
-    modes_of,
-)
+from torchls.analysis.rules._modes import _trainer, modes_of
+from torchls.analysis.rules._modes_memos import BackpropagatedCalls, TrainingForwards
 from torchls.analysis.rules._modes_step_helpers import forwards_in_step_helpers
 from torchls.analysis.rules._modes_trainer_hooks import evals_in_training_steps
 

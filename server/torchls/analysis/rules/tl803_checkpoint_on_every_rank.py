@@ -18,7 +18,7 @@ from torchls.analysis.objects import ObjectModel
 from torchls.analysis.queries.vocabulary import argument_at, parameter_default
 from torchls.analysis.ranks import COLLECTIVE_QUALNAMES, mentions_rank
 from torchls.analysis.registry import Hit, exemption, rule
-from torchls.analysis.rules._distributed import MAX_DEPTH, _decorated_rank_zero
+from torchls.analysis.rules._distributed import MAX_DEPTH, RankExits, _decorated_rank_zero
 
 # Calls that build a file object in memory: a save into one writes nothing to disk.
 IN_MEMORY_FILES = {"BytesIO"}
@@ -54,38 +54,13 @@ def _spawned(facts: Facts, function: FunctionNode) -> bool:
     return False
 
 
-class _RankExits:
-    """Per function of one file, the `if <rank test>:` statements whose body leaves it
-    (`return`, `raise`, `continue`, `break`): found once per function, since every save and
-    call below them asks."""
-
-    def __init__(self, facts: Facts) -> None:
-        self.facts = facts
-        self._by_function: dict[FunctionNode, list[ast.If]] = {}
-        # `_saves_below` answers, by (function, depth), for the calls that reach them again.
-        self.saves_below: dict[tuple[FunctionNode, int], list[tuple[Facts, ast.Call]]] = {}
-
-    def of(self, function: FunctionNode) -> list[ast.If]:
-        found = self._by_function.get(function)
-        if found is None:
-            exits = (ast.Return, ast.Raise, ast.Continue, ast.Break)
-            found = self._by_function[function] = [
-                stmt
-                for stmt in self.facts.walk_local(function)
-                if isinstance(stmt, ast.If)
-                and mentions_rank(self.facts, stmt.test)
-                and any(isinstance(s, exits) for body in stmt.body for s in ast.walk(body))
-            ]
-        return found
-
-
 @exemption("TL803", "neg_save_on_rank_zero.py")
 def _early_rank_exit(facts: Facts, function: FunctionNode, node: ast.AST) -> bool:
     """`if rank != 0: return` (or `continue`/`raise`) earlier in the function."""
     line = node.lineno  # type: ignore[attr-defined]
     return any(
         stmt.lineno < line and not facts.is_inside(node, stmt)
-        for stmt in facts.get(_RankExits).of(function)
+        for stmt in facts.get(RankExits).of(function)
     )
 
 
@@ -369,7 +344,7 @@ def _saves_below(owner: Facts, function: FunctionNode, depth: int) -> list[tuple
     outside any rank test, up to `MAX_DEPTH` calls deep."""
     if depth > MAX_DEPTH:
         return []
-    memo = owner.get(_RankExits).saves_below
+    memo = owner.get(RankExits).saves_below
     key = (function, depth)
     if key not in memo:
         memo[key] = _find_saves_below(owner, function, depth)
