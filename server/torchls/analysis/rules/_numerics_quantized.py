@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 
 from torchls.analysis.facts import Facts
+from torchls.analysis.registry import exemption
 
 # Methods of a Hugging Face model that run it on their tensor arguments.
 RUNNING_METHODS = {"generate", "forward"}
@@ -32,13 +33,20 @@ def _keyword(call: ast.Call, name: str) -> ast.expr | None:
     return next((k.value for k in call.keywords if k.arg == name), None)
 
 
+@exemption("TL501", "neg_quantized_model_with_device_map.py")
+def _placed_by_device_map(call: ast.Call) -> bool:
+    """The quantized load passes a `device_map` (or `**options` that may hold one): it may
+    place the model anywhere and its dispatch hooks move the inputs to each layer's device."""
+    return any(k.arg is None or k.arg == "device_map" for k in call.keywords)
+
+
 def loads_onto_gpu(facts: Facts, call: ast.expr) -> bool:
     """`X.from_pretrained(...)` quantized to 4 or 8 bits by bitsandbytes with no
     `device_map`: the loader puts the whole model on the current CUDA device."""
     if not isinstance(call, ast.Call) or facts.method_name(call) != "from_pretrained":
         return False
-    if any(k.arg is None or k.arg == "device_map" for k in call.keywords):
-        return False  # a device map (or **options) may place it anywhere, or add hooks
+    if _placed_by_device_map(call):
+        return False
     flags = ("load_in_4bit", "load_in_8bit")
     if _true_keyword(call, flags):
         return True
