@@ -235,6 +235,45 @@ def test_helper_barrier_called_by_every_rank_is_quiet(tmp_path: Path) -> None:
     assert found(tmp_path, "train.py") == []
 
 
+LOADERS = """\
+from torch.utils.data import DataLoader
+
+
+class PaddedLoader(DataLoader):
+    def __init__(self, dataset, **kwargs):
+        super().__init__(dataset, collate_fn=list, **kwargs)
+"""
+TRAIN_WITH_PROJECT_LOADER = """\
+from torch.utils.data.distributed import DistributedSampler
+
+from loaders import PaddedLoader
+
+
+def main(dataset, model, optimizer, epochs):
+    order = DistributedSampler(dataset)
+    batches = PaddedLoader(dataset, sampler=order)
+    for epoch in range(epochs):
+        for x in batches:
+            optimizer.zero_grad()
+            model(x).sum().backward()
+            optimizer.step()
+"""
+
+
+def test_loader_subclass_from_another_file_carries_the_sampler(tmp_path: Path) -> None:
+    write(tmp_path, {"loaders.py": LOADERS, "train.py": TRAIN_WITH_PROJECT_LOADER})
+    assert found(tmp_path, "train.py") == [(7, "TL802")]
+
+
+def test_a_project_class_that_is_not_a_loader_stays_unknown(tmp_path: Path) -> None:
+    not_a_loader = LOADERS.replace("(DataLoader)", "").replace(
+        "        super().__init__(dataset, collate_fn=list, **kwargs)",
+        "        self.dataset = dataset",
+    )
+    write(tmp_path, {"loaders.py": not_a_loader, "train.py": TRAIN_WITH_PROJECT_LOADER})
+    assert found(tmp_path, "train.py") == []
+
+
 # ---------------------------------------------------------------------- TL206
 EPOCH_KEEPING_LOSSES = """\
 from engine import train_step

@@ -30,6 +30,10 @@ from torchls.analysis.queries.vocabulary import (
     _on_self,
 )
 
+TORCH_LOADERS = ("torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader")
+# Library classes that subclass torch's DataLoader and keep its `sampler` / `shuffle` contract.
+LIBRARY_LOADERS = ("torch_geometric.loader.DataLoader", "torch_geometric.data.DataLoader")
+
 
 class KindQueries(IndexQueries):
     """Mixin of `Facts` (see the module docstring); reads the state `Facts.__init__` sets."""
@@ -47,6 +51,28 @@ class KindQueries(IndexQueries):
             if base in self.classes and self.module_class(base, depth + 1):
                 return info
         return None
+
+    def _loader_class(self, call: ast.Call) -> bool:
+        """True when `call` builds a class of this file or another project file that
+        subclasses torch's `DataLoader` (so it batches, samples and shuffles like one)."""
+        if not isinstance(call.func, ast.Name):
+            return False
+        owner: KindQueries = self
+        info = self.classes.get(call.func.id)
+        if info is None:
+            definition = self.definition(call.func.id)  # type: ignore[attr-defined]
+            if definition is None or not isinstance(definition.node, ast.ClassDef):
+                return False
+            owner = definition.facts
+            info = owner.classes.get(definition.node.name)
+        seen: set[str] = set()
+        while info is not None and info.node.name not in seen:
+            seen.add(info.node.name)
+            if any(base in TORCH_LOADERS for base in info.bases):
+                return True
+            local = [base for base in info.bases if base in owner.classes]
+            info = owner.classes[local[0]] if len(local) == 1 else None
+        return False
 
     def kind_of(self, expr: ast.AST | None, depth: int = 0) -> ObjectKind | None:
         """What kind of training object `expr` holds, or None if unknown."""
@@ -128,7 +154,7 @@ class KindQueries(IndexQueries):
             return ObjectKind("optimizer", short, call)
         if short == "GradScaler" and qualname.startswith("torch"):
             return ObjectKind("scaler", short, call)
-        if qualname in ("torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"):
+        if qualname in TORCH_LOADERS or qualname in LIBRARY_LOADERS or self._loader_class(call):
             return ObjectKind("loader", short, call)
         if qualname.startswith("torch.nn.") and short.endswith("Loss"):
             return ObjectKind("loss", short, call)

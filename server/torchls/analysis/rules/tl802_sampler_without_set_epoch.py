@@ -199,8 +199,10 @@ def sampler_without_set_epoch(facts: Facts) -> Iterator[Hit]:
     (`sampler.set_epoch(start_epoch)` before `for epoch in ...`), does not count. The
     sampler may be built through a name bound to its class (`sampler_cls = RandomSampler
     if local_rank == -1 else DistributedSampler`: a distributed run builds the
-    DistributedSampler). The loader may reach the loop through a project wrapper that
-    returns it (`backend.distribute(loader)`), a factory, or a constructor parameter stored
+    DistributedSampler). The loader may be torch's `DataLoader`, a project class that
+    subclasses it (in any project file), or a graph library's loader built on it
+    (`torch_geometric.loader.DataLoader`). It may reach the loop through a project wrapper
+    that returns it (`backend.distribute(loader)`), a factory, or a constructor parameter stored
     on `self` and iterated in a method the epoch loop calls; or it is handed, outside any
     loop, to a function of the file that owns the epoch loop (`train(args, loader, ...)`
     iterating it once per epoch, or restarting `iter(loader)` inside its step loop). A
