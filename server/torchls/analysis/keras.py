@@ -19,6 +19,7 @@ import ast
 import weakref
 
 from torchls.analysis.facts import Facts, FunctionNode
+from torchls.analysis.registry import exemption
 from torchls.records import field, record
 
 MAX_STEPS = 60  # how far a value is followed back (layer chains, rebindings)
@@ -403,9 +404,12 @@ def _conditional(facts: Facts, node: ast.AST, anchor: ast.AST) -> bool:
     return False
 
 
+@exemption("TL601", "neg_head_replaced_by_helper.py")
+@exemption("TL602", "neg_head_replaced_by_helper.py")
 def _model_mutated(facts: Facts, call: ast.Call) -> bool:
-    """`model.pop()`, `model.layers` touched, or the model handed to an in-file function that
-    adds or pops layers on a parameter: the listed last layer may not be the last one."""
+    """The Sequential's layers change after it is built (`model.pop()`, `model.layers`
+    touched, or the model handed to an in-file function that adds or pops layers): the last
+    layer listed is not known to be the output layer."""
     for use in _uses(facts, call):
         parent = facts.parents.get(use)
         if isinstance(parent, ast.Attribute) and parent.attr in ("pop", "layers"):
