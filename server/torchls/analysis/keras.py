@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import ast
 import weakref
+from collections.abc import Callable
 
 from torchls.analysis.facts import Facts, FunctionNode
+from torchls.analysis.registry import exemption
 from torchls.records import field, record
 
 MAX_STEPS = 60  # how far a value is followed back (layer chains, rebindings)
@@ -403,9 +405,12 @@ def _conditional(facts: Facts, node: ast.AST, anchor: ast.AST) -> bool:
     return False
 
 
+@exemption("TL601", "neg_head_replaced_by_helper.py")
+@exemption("TL602", "neg_head_replaced_by_helper.py")
 def _model_mutated(facts: Facts, call: ast.Call) -> bool:
-    """`model.pop()`, `model.layers` touched, or the model handed to an in-file function that
-    adds or pops layers on a parameter: the listed last layer may not be the last one."""
+    """The Sequential's layers change after it is built (`model.pop()`, `model.layers`
+    touched, or the model handed to an in-file function that adds or pops layers): the last
+    layer listed is not known to be the output layer."""
     for use in _uses(facts, call):
         parent = facts.parents.get(use)
         if isinstance(parent, ast.Attribute) and parent.attr in ("pop", "layers"):
@@ -813,6 +818,14 @@ def _reach(facts: Facts, expr: ast.AST, region: ast.AST, predicate) -> list[ast.
     return sorted(found, key=lambda n: (getattr(n, "lineno", 0), getattr(n, "col_offset", 0)))
 
 
+@exemption("TL603", "neg_python_int_on_side_path.py")
+def _reaches_without_break(stops: list[ast.AST], is_break: Callable[[ast.AST], bool]) -> bool:
+    """Some path from the target reaches the model's output (or a watched tensor) through
+    TensorFlow operations only: gradients flow along it, whatever a side path does (a Python
+    `int` batch size dividing the loss takes nothing away)."""
+    return any(not is_break(n) for n in stops)
+
+
 def tape_break(facts: Facts, tape: Tape, target: ast.expr) -> ast.Call | None:
     """The call on the way from `tape.gradient`'s target back to the model's output that takes
     the value out of TensorFlow, so the tape loses the path (None when there is none)."""
@@ -832,15 +845,14 @@ def tape_break(facts: Facts, tape: Tape, target: ast.expr) -> ast.Call | None:
             and breaks_tape(facts, node) is not None
         )
 
-    # Breaks are barriers: when the target reaches the model without crossing one, gradients
-    # flow (a Python `int` batch size in a division takes nothing away), so stay quiet.
+    # Breaks are barriers: the search from the target stops at the model's output or at one.
     stops = _reach(facts, target, tape.with_node, lambda n: is_source(n) or is_break(n))
-    if not stops or any(not is_break(n) for n in stops):
+    if not stops or _reaches_without_break(stops, is_break):
         return None
     broken = [
         n
         for n in stops
-        if _reach(facts, breaks_tape(facts, n), tape.with_node, is_source)  # type: ignore[arg-type]
+        if is_break(n) and _reach(facts, breaks_tape(facts, n), tape.with_node, is_source)  # type: ignore[arg-type]
     ]
     # The earliest break is the one to fix first (the later ones often go away with it).
     return broken[0] if broken and isinstance(broken[0], ast.Call) else None

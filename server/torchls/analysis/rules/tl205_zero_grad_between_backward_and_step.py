@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 from torchls.analysis.facts import Facts
 from torchls.analysis.findings import Fix
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._edits import delete_statement_line, insert_line_before
 
 
@@ -23,6 +23,26 @@ def _zero_grad_statements(facts: Facts) -> Iterator[tuple[ast.Call, ast.stmt, li
             block = facts.block_of(statement)
             if block is not None:
                 yield call, statement, block
+
+
+@exemption("TL205", "neg_zero_grad_before_next_backward.py")
+def _backward_runs_first(facts: Facts, later: ast.stmt) -> bool:
+    """A statement after the `zero_grad()` runs a new `backward()` before any step is reached
+    (the generator phase of a GAN step, after the discriminator's step): the step uses the
+    gradients of that new backward, which the `zero_grad()` rightly cleared the way for."""
+    return facts.node_reaches(later, facts.is_backward)
+
+
+@exemption("TL205", "neg_zero_grad_of_other_optimizer.py")
+def _clears_another_optimizer(facts: Facts, zero_grad: ast.Call, step: ast.Call) -> bool:
+    """The `zero_grad()` belongs to an optimizer other than the one stepped next
+    (`opt_dec.zero_grad()` then `opt_enc.step()`): the step reads gradients it did not clear.
+    A `zero_grad()` on the model (or on `self`) clears every optimizer's gradients."""
+    cleared = facts.receiver(zero_grad)
+    cleared_key = facts.key(cleared)
+    if facts.is_kind(cleared, "model") or cleared_key == "self":
+        return False
+    return facts.key(facts.optimizer_of_step(step)) != cleared_key
 
 
 @rule(
@@ -36,7 +56,7 @@ def zero_grad_between_backward_and_step(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
     `optimizer.zero_grad()` (or `model.zero_grad()`) called after `loss.backward()` and before
-    `optimizer.step()` of the same optimizer.
+    the `optimizer.step()` that uses those gradients, in the same block.
 
     ## Why it is wrong
     The gradients `backward()` just computed are erased before the optimizer uses them, so
@@ -56,20 +76,13 @@ def zero_grad_between_backward_and_step(facts: Facts) -> Iterator[Hit]:
     """
     for call, stmt, block in _zero_grad_statements(facts):
         index = next(i for i, item in enumerate(block) if item is stmt)
-        cleared = facts.receiver(call)
-        cleared_key = facts.key(cleared)
-        clears_model = facts.is_kind(cleared, "model") or cleared_key == "self"
         if not any(facts.node_reaches(s, facts.is_backward) for s in block[:index]):
             continue
         for later in block[index + 1 :]:
-            if facts.node_reaches(later, facts.is_backward):
+            if _backward_runs_first(facts, later):
                 break
             steps = [c for c in facts.calls_in(later) if facts.optimizer_of_step(c) is not None]
-            matched = [
-                s
-                for s in steps
-                if clears_model or facts.key(facts.optimizer_of_step(s)) == cleared_key
-            ]
+            matched = [s for s in steps if not _clears_another_optimizer(facts, call, s)]
             if matched:
                 yield Hit(
                     call,

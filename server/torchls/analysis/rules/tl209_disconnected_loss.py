@@ -11,9 +11,18 @@ import ast
 from collections.abc import Iterator
 
 from torchls.analysis.facts import DETACHING_METHODS, MAX_DEPTH, Facts
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 
 LEAF_CONSTRUCTORS = {"torch.tensor", "torch.as_tensor", "torch.from_numpy", "torch.Tensor"}
+
+
+@exemption("TL209", "neg_detached_target.py")
+def _computed_from_its_inputs(facts: Facts, call: ast.Call) -> bool:
+    """The loss is computed by a call on tensors (a loss function, a tensor method), not
+    copied into a new leaf by `torch.tensor(...)`: a detached input to it, such as a target
+    from a frozen network (`F.smooth_l1_loss(q, target.detach())`), is a constant, and the
+    gradient reaches the model through its other inputs."""
+    return facts.call_qualname(call) not in LEAF_CONSTRUCTORS
 
 
 def _detached_reason(facts: Facts, expr: ast.AST, depth: int = 0) -> tuple[ast.AST, str] | None:
@@ -22,7 +31,8 @@ def _detached_reason(facts: Facts, expr: ast.AST, depth: int = 0) -> tuple[ast.A
         return None
     if isinstance(expr, ast.Name):
         assignment = facts.reaching_assignment(expr)
-        if assignment is None or assignment.value is None or assignment.loop is not None:
+        # A loop target is bound with no value, so it stops here too.
+        if assignment is None or assignment.value is None:
             return None
         if assignment.index is not None:
             return None
@@ -36,9 +46,17 @@ def _detached_reason(facts: Facts, expr: ast.AST, depth: int = 0) -> tuple[ast.A
         return _detached_reason(facts, facts.receiver(expr), depth + 1)  # type: ignore[arg-type]
     if method == "detach":
         return (expr, "`.detach()` cuts it from the graph")
+    if _computed_from_its_inputs(facts, expr):
+        return None
     qualname = facts.call_qualname(expr)
-    if qualname in LEAF_CONSTRUCTORS and expr.args and _was_detached(facts, expr.args[0]):
-        return (expr, f"`{qualname}(...)` of a detached value builds a new leaf tensor")
+    if qualname in LEAF_CONSTRUCTORS:
+        if expr.args and _was_detached(facts, expr.args[0]):
+            return (expr, f"`{qualname}(...)` of a detached value builds a new leaf tensor")
+        return None
+    inputs = [*expr.args, *(k.value for k in expr.keywords)]
+    detached = next((value for value in inputs if _was_detached(facts, value)), None)
+    if detached is not None:
+        return (detached, "it is computed from a detached value")
     return None
 
 
@@ -65,8 +83,10 @@ def _was_detached(facts: Facts, expr: ast.AST, depth: int = 0) -> bool:
 def disconnected_loss(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
-    `backward()` on a loss rebuilt from a detached value: `torch.tensor(loss.item())`,
-    `loss.detach()`, `.numpy()` or `.data` on the way from the model to `backward()`.
+    `backward()` on a loss that is a copy of a detached value: `torch.tensor(loss.item())`,
+    `torch.from_numpy(out.numpy())`, `loss.detach()` or `.data`, also through
+    `.requires_grad_()`, casts, device moves, `.mean()` / `.sum()` and the assignments
+    between them and `backward()`.
 
     ## Why it is wrong
     The rebuilt tensor is a new leaf: `backward()` runs without error (add

@@ -10,9 +10,17 @@ from collections.abc import Iterator
 from torchls.analysis.facts import Facts, Origin
 from torchls.analysis.findings import Fix, Span
 from torchls.analysis.queries.tensors import activation_input, activation_of
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._edits import replace_node
 from torchls.analysis.rules._numerics import _log_argument, _log_calls
+
+
+@exemption("TL502", "neg_log_of_exp_log_probs.py")
+def _exp_of_log_probabilities(facts: Facts, argument: ast.Call) -> bool:
+    """The log is taken of an `exp()` (`torch.log(log_p.exp())`, `log_p` from `log_softmax`):
+    the probabilities were computed in log space already, and `log_softmax` / `logsigmoid`
+    is not what would replace the expression."""
+    return facts.method_name(argument) == "exp"
 
 
 def _functional_alias(facts: Facts) -> str:
@@ -67,7 +75,8 @@ def _arguments_span(facts: Facts, call: ast.Call) -> Span:
 def log_of_softmax(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
-    `torch.log(F.softmax(x))`, `F.softmax(x).log()`, `torch.log(torch.sigmoid(x))`.
+    The log taken directly of a softmax or sigmoid output: `torch.log(F.softmax(x))`,
+    `F.softmax(x).log()`, `torch.log(torch.sigmoid(x))`.
 
     ## Why it is wrong
     Softmax and sigmoid underflow to exactly 0 for very negative inputs, and `log(0)` is
@@ -87,7 +96,7 @@ def log_of_softmax(facts: Facts) -> Iterator[Hit]:
         if not isinstance(argument, ast.Call):
             continue
         kind = activation_of(facts, Origin(argument))
-        if kind not in ("softmax", "sigmoid") or facts.method_name(argument) == "exp":
+        if kind not in ("softmax", "sigmoid") or _exp_of_log_probabilities(facts, argument):
             continue
         better = "log_softmax" if kind == "softmax" else "logsigmoid"
         yield Hit(

@@ -9,10 +9,16 @@ from collections.abc import Iterator
 
 from torchls.analysis.facts import Facts
 from torchls.analysis.queries.tensors import activation_of
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._numerics import _log_argument, _log_calls
 
-GUARDS = {"clamp", "clamp_min", "clip", "add", "maximum", "nan_to_num"}
+
+@exemption("TL503", "neg_guarded_log.py")
+def _not_a_bare_probability(kinds: set[str | None]) -> bool:
+    """Some value the name can hold is not a softmax or sigmoid output reached only through
+    casts, moves and reshapes: a guard sits in between (`probs + eps`, `.clamp(lo, hi)`,
+    `.clamp_min(eps)`, `torch.maximum(...)`) or the value comes from elsewhere."""
+    return not kinds <= {"softmax", "sigmoid"}
 
 
 @rule(
@@ -24,8 +30,8 @@ GUARDS = {"clamp", "clamp_min", "clip", "add", "maximum", "nan_to_num"}
 def log_without_guard(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
-    `torch.log(p)` / `p.log()` where `p` holds probabilities (it was computed by a softmax or
-    sigmoid earlier) and nothing keeps it away from zero.
+    `torch.log(p)` / `p.log()` where the name `p` holds the output of a softmax or sigmoid
+    computed earlier, reached only through assignments, casts, device moves and reshapes.
 
     ## Why it is wrong
     A probability that underflows to exactly 0 gives `-inf`, and the next backward pass turns
@@ -50,13 +56,7 @@ def log_without_guard(facts: Facts) -> Iterator[Hit]:
         if not origins:
             continue
         kinds = {activation_of(facts, origin) for origin in origins}
-        if not kinds <= {"softmax", "sigmoid"} or None in kinds:
-            continue
-        if any(
-            isinstance(step, ast.Call) and facts.method_name(step) in GUARDS
-            for origin in origins
-            for step in origin.via
-        ):
+        if _not_a_bare_probability(kinds):
             continue
         yield Hit(
             call,

@@ -10,7 +10,7 @@ import ast
 from collections.abc import Iterator
 
 from torchls.analysis.facts import Facts
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._lightning import MAX_DEPTH
 
 LIGHTNING_ROOTS = ("lightning", "pytorch_lightning")
@@ -36,6 +36,20 @@ def _truthy_constant(expr: ast.expr) -> bool:
         and expr.value is not None
         and bool(expr.value)
     )
+
+
+@exemption("TL702", "neg_fast_dev_run_from_flag.py")
+def _not_a_true_literal(flag: ast.expr) -> bool:
+    """`fast_dev_run` is not a true literal: `False`, `0`, or a value decided at run time
+    (`fast_dev_run=args.debug`), so the real run keeps its callbacks and loggers."""
+    return not _truthy_constant(flag)
+
+
+@exemption("TL702", "neg_fast_dev_run_custom_callbacks.py")
+def _nothing_it_disables(disabled: list[str]) -> bool:
+    """The Trainer is given no callback or logger that `fast_dev_run` turns off: only
+    callbacks of the user's own (a `Callback` subclass that prints shapes) and `logger=False`."""
+    return not disabled
 
 
 def _resolve(facts: Facts, expr: ast.expr) -> ast.expr:
@@ -122,10 +136,10 @@ def fast_dev_run_hides_callbacks(facts: Facts) -> Iterator[Hit]:
         if not _is_trainer(facts, call):
             continue
         flag = next((k for k in call.keywords if k.arg == "fast_dev_run"), None)
-        if flag is None or not _truthy_constant(flag.value):
+        if flag is None or _not_a_true_literal(flag.value):
             continue
         disabled = _disabled_by_fast_dev_run(facts, call)
-        if not disabled:
+        if _nothing_it_disables(disabled):
             continue
         names = ", ".join(f"`{name}`" for name in disabled)
         yield Hit(
