@@ -96,12 +96,34 @@ def _constructed_loader(
         bound = facts.binding_value(expr)
         if bound is None:
             return _passed_from_other_files(facts, expr, depth)
-        return _constructed_loader(facts, bound, depth + 1)
+        return _distributed_alternative(facts, expr) or _constructed_loader(facts, bound, depth + 1)
     if isinstance(expr, ast.Attribute):
         values = facts.self_attribute_values(expr)
         if len(values) == 1:
             return _constructed_loader(facts, values[0], depth + 1)
     return None
+
+
+def _distributed_alternative(facts: Facts, name: ast.Name) -> tuple[Facts, ast.Call] | None:
+    """The loader built on a DistributedSampler when every binding of `name` in its scope is a
+    loader construction and one of them is (`if dist.is_initialized(): loader =
+    DataLoader(ds, sampler=DistributedSampler(ds))`, `else: loader = DataLoader(ds,
+    shuffle=True)`): the distributed run takes that arm."""
+    scope = facts.scope(name)
+    bindings = facts.assignments_of(name.id, scope)
+    if len(bindings) < 2:
+        return None
+    with_sampler: list[ast.Call] = []
+    for binding in bindings:
+        value = binding.value
+        if binding.index is not None or binding.loop is not None or not isinstance(value, ast.Call):
+            return None
+        kind = facts.kind_of(value)
+        if kind is None or kind.kind != "loader" or kind.node is not value:
+            return None
+        if _sampler_of(facts, value) is not None:
+            with_sampler.append(value)
+    return (facts, with_sampler[0]) if len(with_sampler) == 1 else None
 
 
 def _passed_from_other_files(
@@ -135,8 +157,22 @@ def _unpacked_element(facts: Facts, name: ast.Name) -> Value | None:
         return None
     if not isinstance(assignment.value, ast.Call):
         return None
-    found = facts.get(ObjectModel).returned_element(assignment.value, assignment.index)
-    return found[0] if found is not None and len(found) == 1 else None
+    return _element_of(facts, assignment.value, assignment.index, 0)
+
+
+def _element_of(facts: Facts, call: ast.Call, index: int, depth: int) -> Value | None:
+    """Position `index` of the tuple `call` returns; through a factory whose only return is
+    another project call (`return create_dataloaders(train, val, test, batch_size=b)`)."""
+    found = facts.get(ObjectModel).returned_element(call, index)
+    if found is not None:
+        return found[0] if len(found) == 1 else None
+    returns = facts.function_returns(call)
+    if depth >= MAX_DEPTH or returns is None or len(returns) != 1:
+        return None
+    owner, returned = returns[0]
+    if not isinstance(returned, ast.Call):
+        return None
+    return _element_of(owner, returned, index, depth + 1)
 
 
 def _sampler_of(facts: Facts, loader: ast.Call) -> ast.Call | None:

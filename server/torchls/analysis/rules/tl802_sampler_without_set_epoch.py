@@ -209,7 +209,8 @@ def sampler_without_set_epoch(facts: Facts) -> Iterator[Hit]:
     restarting `iter(loader)` inside its step loop). A
     loader unpacked from a factory's returned tuple
     (`train_loader, val_loader = build_loaders(cfg)`, in another module) is followed to its
-    position in that tuple.
+    position in that tuple, also through a factory returning another one's call; a loader
+    built in both arms of a branch is the arm's on a DistributedSampler.
     Samplers built
     with `shuffle=False` (evaluation), loaders named like validation/test ones, and loaders
     handed to Accelerate's `prepare` or Fabric's `setup_dataloaders` (they set the epoch on
