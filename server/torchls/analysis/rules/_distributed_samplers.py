@@ -11,10 +11,15 @@ Out: those calls, the keys they are stored under, and whether a sampler shuffles
 from __future__ import annotations
 
 import ast
+import re
+from collections.abc import Iterator
 
 from torchls.analysis.facts import Facts
 from torchls.analysis.objects import ObjectModel, Value
+from torchls.analysis.queries.vocabulary import _unwrap_iterable, argument_at
 from torchls.analysis.rules._distributed import MAX_DEPTH
+
+EVAL_NAME_RE = re.compile(r"val|test|eval|infer|predict")
 
 SAMPLERS = {
     "torch.utils.data.distributed.DistributedSampler",
@@ -88,12 +93,59 @@ def _constructed_loader(
         unpacked = _unpacked_element(facts, expr)
         if unpacked is not None:
             return _constructed_loader(unpacked.facts, unpacked.expr, depth + 1)
-        return _constructed_loader(facts, facts.binding_value(expr), depth + 1)
+        bound = facts.binding_value(expr)
+        if bound is None:
+            return _passed_from_other_files(facts, expr, depth)
+        return _distributed_alternative(facts, expr) or _constructed_loader(facts, bound, depth + 1)
     if isinstance(expr, ast.Attribute):
         values = facts.self_attribute_values(expr)
         if len(values) == 1:
             return _constructed_loader(facts, values[0], depth + 1)
     return None
+
+
+def _distributed_alternative(facts: Facts, name: ast.Name) -> tuple[Facts, ast.Call] | None:
+    """The loader built on a DistributedSampler when every binding of `name` in its scope is a
+    loader construction and one of them is (`if dist.is_initialized(): loader =
+    DataLoader(ds, sampler=DistributedSampler(ds))`, `else: loader = DataLoader(ds,
+    shuffle=True)`): the distributed run takes that arm."""
+    scope = facts.scope(name)
+    bindings = facts.assignments_of(name.id, scope)
+    if len(bindings) < 2:
+        return None
+    with_sampler: list[ast.Call] = []
+    for binding in bindings:
+        value = binding.value
+        if binding.index is not None or binding.loop is not None or not isinstance(value, ast.Call):
+            return None
+        kind = facts.kind_of(value)
+        if kind is None or kind.kind != "loader" or kind.node is not value:
+            return None
+        if _sampler_of(facts, value) is not None:
+            with_sampler.append(value)
+    return (facts, with_sampler[0]) if len(with_sampler) == 1 else None
+
+
+def _passed_from_other_files(
+    facts: Facts, name: ast.Name, depth: int
+) -> tuple[Facts, ast.Call] | None:
+    """The loader a parameter is given by every call of its function in the project's other
+    files (`train_validate_test(model, opt, train_loader, ...)` in run_training.py, the loader
+    unpacked there from a factory): one loader call, the same at every site."""
+    function = facts.parameter_of(name)
+    if function is None:
+        return None
+    sites = facts.calls_from_other_files(function)
+    found: tuple[Facts, ast.Call] | None = None
+    method = isinstance(facts.parents.get(function), ast.ClassDef)
+    for other, site in sites:
+        bound = method and isinstance(site.func, ast.Attribute)
+        told, value = argument_at(site, function, name.id, bound)
+        built = _constructed_loader(other, value, depth + 1) if told else None
+        if built is None or (found is not None and built[1] is not found[1]):
+            return None
+        found = built
+    return found
 
 
 def _unpacked_element(facts: Facts, name: ast.Name) -> Value | None:
@@ -105,8 +157,22 @@ def _unpacked_element(facts: Facts, name: ast.Name) -> Value | None:
         return None
     if not isinstance(assignment.value, ast.Call):
         return None
-    found = facts.get(ObjectModel).returned_element(assignment.value, assignment.index)
-    return found[0] if found is not None and len(found) == 1 else None
+    return _element_of(facts, assignment.value, assignment.index, 0)
+
+
+def _element_of(facts: Facts, call: ast.Call, index: int, depth: int) -> Value | None:
+    """Position `index` of the tuple `call` returns; through a factory whose only return is
+    another project call (`return create_dataloaders(train, val, test, batch_size=b)`)."""
+    found = facts.get(ObjectModel).returned_element(call, index)
+    if found is not None:
+        return found[0] if len(found) == 1 else None
+    returns = facts.function_returns(call)
+    if depth >= MAX_DEPTH or returns is None or len(returns) != 1:
+        return None
+    owner, returned = returns[0]
+    if not isinstance(returned, ast.Call):
+        return None
+    return _element_of(owner, returned, index, depth + 1)
 
 
 def _sampler_of(facts: Facts, loader: ast.Call) -> ast.Call | None:
@@ -160,3 +226,26 @@ def _distributed_loader(
     if loader_key is None:
         return None
     return sampler, sampler_key, assignment, loader_key, loader
+
+
+def _loops_over_values(facts: Facts) -> Iterator[tuple[ast.For | ast.AsyncFor, ast.expr]]:
+    """(loop, what it iterates) for the batch loops that are not evaluation ones, and for loops
+    over a project wrapper handing back its argument (`for b in progress(loader, level)`,
+    returning `tqdm(loader)` or `loader` itself): the argument is what is iterated."""
+    for loop in facts.loops:
+        if not isinstance(loop, (ast.For, ast.AsyncFor)):
+            continue
+        role = facts.batch_loops.get(loop)
+        if role == "eval":
+            continue
+        # `enumerate(loader)`, `tqdm(loader)`: the loader is what they wrap.
+        iterable = _unwrap_iterable(loop.iter) or loop.iter
+        if role is None:
+            handed = facts.returned_arguments(iterable) if isinstance(iterable, ast.Call) else []
+            if len(handed) != 1:
+                continue
+            function = facts.enclosing_function(loop)
+            if function is not None and EVAL_NAME_RE.search(function.name.lower()):
+                continue  # `validate(loader)`: an evaluation pass, whatever it is handed
+            iterable = handed[0]
+        yield loop, iterable

@@ -1,6 +1,6 @@
 """TL206's questions about the loops around an accumulation: does a loop run once per
 training step or batch, does the accumulator outlive it, and is the accumulator itself
-backward()-ed afterwards (losses summed on purpose).
+backward()-ed afterwards (losses summed on purpose), and is it used as a tensor later.
 
 Why: a list filled inside a loop over layers or heads, or rebuilt every batch, keeps nothing
 alive across steps; a running sum that is backward()-ed together is intended. In: the facts
@@ -13,6 +13,8 @@ import ast
 
 from torchls.analysis.facts import Facts
 from torchls.analysis.rules._graph_containers import bound_names
+
+TENSOR_USES = {"item", "detach", "cpu", "numpy", "backward", "to", "cuda", "tolist", "clone"}
 
 
 def feeds_backward(facts: Facts, scope: ast.AST, accumulator: str) -> bool:
@@ -60,4 +62,23 @@ def outlives_a_step(facts: Facts, loops: list, assignments: list) -> bool:
             continue
         if not any(facts.is_inside(a.stmt, loop) for a in assignments):
             return True
+    return False
+
+
+def used_as_tensor_later(facts: Facts, scope: ast.AST, accumulator: str, after: int) -> bool:
+    """The accumulator is used as a tensor after line `after` (`total.backward()`,
+    `torch.stack(acc)`): `.item()` on what it accumulates changes that use, so the fix is unsafe."""
+    for node in facts.walk_local(scope):
+        if getattr(node, "lineno", 0) <= after:
+            continue
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == accumulator
+            and node.attr in TENSOR_USES
+        ):
+            return True
+        if isinstance(node, ast.Call) and (facts.call_qualname(node) or "").startswith("torch."):
+            if any(isinstance(a, ast.Name) and a.id == accumulator for a in node.args):
+                return True
     return False

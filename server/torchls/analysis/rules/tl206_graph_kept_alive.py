@@ -16,6 +16,7 @@ from torchls.analysis.findings import Fix
 from torchls.analysis.queries.tensors import detached_value
 from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._edits import insert_at
+from torchls.analysis.rules._graph_collectors import collector_keeps
 from torchls.analysis.rules._graph_containers import (
     accumulation,
     graph_containers,
@@ -23,12 +24,14 @@ from torchls.analysis.rules._graph_containers import (
 )
 from torchls.analysis.rules._graph_hooks import step_output_stores
 from torchls.analysis.rules._graph_items import slot_stores
-from torchls.analysis.rules._graph_loops import feeds_backward, outlives_a_step
+from torchls.analysis.rules._graph_loops import (
+    feeds_backward,
+    outlives_a_step,
+    used_as_tensor_later,
+)
 from torchls.analysis.rules._graph_returns import iterated_container
 from torchls.analysis.rules._graph_sources import graph_sources
 from torchls.analysis.rules._modes_loss_dicts import _dict_parts, _fixed_key
-
-TENSOR_USES = {"item", "detach", "cpu", "numpy", "backward", "to", "cuda", "tolist", "clone"}
 
 
 def _returns_graph(facts: Facts, value: ast.AST, project_calls: set[ast.Call]) -> bool:
@@ -111,6 +114,12 @@ def _rebound_detached(facts: Facts, use: ast.Name, assignment: object) -> bool:
     if block is None or not facts.is_inside(use, block):
         return False
     return detached_value(value)
+
+
+def _detached_use(facts: Facts, use: ast.Name) -> bool:
+    """The binding of `use` that reaches it was made with gradients off or is detached."""
+    made = facts.reaching_assignment(use)
+    return made is not None and (facts.in_no_grad(made.stmt) or _rebound_detached(facts, use, made))
 
 
 def _live_container(
@@ -200,23 +209,6 @@ def _holds_graph(
     return None
 
 
-def _used_as_tensor_later(facts: Facts, scope: ast.AST, accumulator: str, after: int) -> bool:
-    for node in facts.walk_local(scope):
-        if getattr(node, "lineno", 0) <= after:
-            continue
-        if (
-            isinstance(node, ast.Attribute)
-            and isinstance(node.value, ast.Name)
-            and node.value.id == accumulator
-            and node.attr in TENSOR_USES
-        ):
-            return True
-        if isinstance(node, ast.Call) and (facts.call_qualname(node) or "").startswith("torch."):
-            if any(isinstance(a, ast.Name) and a.id == accumulator for a in node.args):
-                return True
-    return False
-
-
 @rule(
     "TL206",
     "graph-kept-alive",
@@ -246,7 +238,9 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
     container made before a step loop whose items are backward()-ed in it
     (`history[step - 1].backward()`), and a LightningModule's `training_step` appending what
     it returns (the value Lightning backward()s) to a `self.` list that only an epoch-level
-    hook empties.
+    hook empties. Also a loss (or an indexed piece of one, `loss[0]`) handed to a method of a
+    project collector object made outside the step loop (`counter.add(loss)`, in this file or
+    another) that appends that parameter to a list on the object (`self.losses.append(l)`).
 
     ## Why it is wrong
     Each stored loss keeps its whole computation graph, activations included, alive. Memory
@@ -307,6 +301,13 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
                 f"`.item()` or `.detach()` values instead",
                 None,
             )
+        yield from collector_keeps(
+            facts,
+            scope,
+            loss_names,
+            loss_names - set(containers) - sources,
+            lambda use: _detached_use(facts, use),
+        )
         for node in facts.walk_local(scope):
             if not isinstance(node, ast.stmt) or node in reported:
                 continue
@@ -359,7 +360,7 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
             if how in ("append", "+=") and value is loss and not from_parts:
                 applicability = (
                     "unsafe"
-                    if _used_as_tensor_later(facts, scope, accumulator, node.lineno)
+                    if used_as_tensor_later(facts, scope, accumulator, node.lineno)
                     else "safe"
                 )
                 fix = Fix(

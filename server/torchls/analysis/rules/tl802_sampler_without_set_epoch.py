@@ -15,13 +15,13 @@ from pathlib import Path
 
 from torchls.analysis.facts import Facts
 from torchls.analysis.findings import Fix, Related
-from torchls.analysis.queries.vocabulary import _unwrap_iterable
 from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._distributed import MAX_DEPTH
 from torchls.analysis.rules._distributed_samplers import (
     SAMPLERS,
     _constructed_loader,
     _distributed_loader,
+    _loops_over_values,
     _sampler_calls,
     _sampler_of,
     _shuffles,
@@ -201,14 +201,18 @@ def sampler_without_set_epoch(facts: Facts) -> Iterator[Hit]:
     if local_rank == -1 else DistributedSampler`: a distributed run builds the
     DistributedSampler). The loader may be torch's `DataLoader`, a project class that
     subclasses it (in any project file), or a graph library's loader built on it
-    (`torch_geometric.loader.DataLoader`). It may reach the loop through a project wrapper
-    that returns it (`backend.distribute(loader)`), a factory, or a constructor parameter stored
-    on `self` and iterated in a method the epoch loop calls; or it is handed, outside any
-    loop, to a function of the file that owns the epoch loop (`train(args, loader, ...)`
-    iterating it once per epoch, or restarting `iter(loader)` inside its step loop). A
+    (`torch_geometric.loader.DataLoader`). It may reach the loop through a project wrapper that
+    returns it (`backend.distribute(loader)`), a factory, a constructor parameter stored
+    on `self` and iterated in a method the epoch loop calls, or a parameter that every
+    caller in the project's other files fills with the same loader (iterated there through
+    a project wrapper that hands it back, `for b in progress(loader, verbose)`, outside an
+    evaluation function); or it is handed, outside any loop, to a function of the file that
+    owns the epoch loop (`train(args, loader, ...)` iterating it once per epoch, or
+    restarting `iter(loader)` inside its step loop). A
     loader unpacked from a factory's returned tuple
     (`train_loader, val_loader = build_loaders(cfg)`, in another module) is followed to its
-    position in that tuple.
+    position in that tuple, also through a factory returning another one's call; a loader
+    built in both arms of a branch is the arm's on a DistributedSampler.
     Samplers built
     with `shuffle=False` (evaluation), loaders named like validation/test ones, and loaders
     handed to Accelerate's `prepare` or Fabric's `setup_dataloaders` (they set the epoch on
@@ -300,11 +304,7 @@ def _loaders_reached_through_values(facts: Facts, reported: set[ast.Call]) -> It
     built with a shuffling DistributedSampler, the loop runs once per epoch (inside a loop, or
     in a function called from one) and nothing in the file calls `set_epoch`."""
     seen: set[ast.AST] = set()
-    for loop, role in facts.batch_loops.items():
-        if role == "eval" or not isinstance(loop, (ast.For, ast.AsyncFor)):
-            continue
-        # `enumerate(loader)`, `tqdm(loader)`: the loader is what they wrap.
-        iterable = _unwrap_iterable(loop.iter) or loop.iter
+    for loop, iterable in _loops_over_values(facts):
         built = _constructed_loader(facts, iterable)
         if built is None:
             continue
