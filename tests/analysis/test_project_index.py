@@ -274,6 +274,46 @@ def test_a_project_class_that_is_not_a_loader_stays_unknown(tmp_path: Path) -> N
     assert found(tmp_path, "train.py") == []
 
 
+STAR_MODELS = """\
+import torch
+import torch.nn as nn
+
+
+class Classifier(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return torch.softmax(self.head(x), dim=-1)
+"""
+TRAIN_FROM_STAR = """\
+import torch.nn as nn
+
+from models import *
+
+
+def fit(loader, optimizer):
+    net = Classifier()
+    criterion = nn.CrossEntropyLoss()
+    for x, y in loader:
+        optimizer.zero_grad()
+        criterion(net(x), y).backward()
+        optimizer.step()
+"""
+
+
+def test_a_class_reached_through_a_star_import_is_followed(tmp_path: Path) -> None:
+    write(tmp_path, {"models.py": STAR_MODELS, "train.py": TRAIN_FROM_STAR})
+    assert found(tmp_path, "train.py") == [(11, "TL101")]
+
+
+def test_a_star_import_that_leaves_the_class_out_of_all_is_not_followed(tmp_path: Path) -> None:
+    hidden = '__all__ = ["torch"]\n' + STAR_MODELS
+    write(tmp_path, {"models.py": hidden, "train.py": TRAIN_FROM_STAR})
+    assert found(tmp_path, "train.py") == []
+
+
 # ---------------------------------------------------------------------- TL206
 EPOCH_KEEPING_LOSSES = """\
 from engine import train_step

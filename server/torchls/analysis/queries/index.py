@@ -259,7 +259,8 @@ class IndexQueries(FileState):
         """`from utils import *` of a project module binds, among the rest, the libraries that
         module imports (`torch`, once `utils` did `import torch`): copy its absolute imports
         into this file's table for every public name it exports that this file does not bind
-        itself, so `torch.no_grad()` resolves here too. Needs a workspace to find the module."""
+        itself, so `torch.no_grad()` resolves here too, and its top-level classes and functions
+        as names imported from it. Needs a workspace to find the module."""
         workspace = getattr(self, "workspace", None)
         self.stars_read = not self.star_modules
         if workspace is None or not self.star_modules:
@@ -279,6 +280,21 @@ class IndexQueries(FileState):
                 if exported is not None and name not in exported:
                     continue
                 self.imports[name] = target
+                bound.add(name)
+            # ... and the classes and functions it defines at its top level, as if imported
+            # by name, so `Net(...)` and `make_loss()` resolve to their definitions there.
+            top = set(other.tree.body)
+            defined = [info.node for info in other.classes.values()]
+            defined += list(other.functions.values())
+            for node in defined:
+                name = node.name
+                if node not in top or name in bound or name.startswith("_"):
+                    continue
+                if exported is not None and name not in exported:
+                    continue
+                self.imports[name] = f"{module}.{name}"
+                if "*" in self.import_positions:
+                    self.import_positions[name] = self.import_positions["*"]
                 bound.add(name)
 
     def adopt_free_torch(self) -> None:

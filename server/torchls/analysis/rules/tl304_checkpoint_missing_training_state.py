@@ -170,6 +170,22 @@ def _stepped_at_epoch(facts: Facts, construction: ast.Call) -> bool:
     return bool(steps) and all(c.args and not c.keywords for c in steps)
 
 
+@exemption("TL304", "neg_scheduler_built_but_never_used.py")
+def _never_read(facts: Facts, construction: ast.Call) -> bool:
+    """The scheduler built by `construction` is bound to a plain name nothing ever reads (not
+    stepped, not passed on): its state never changes, so there is nothing to resume."""
+    statement = facts.parents.get(construction)
+    if not isinstance(statement, ast.Assign) or len(statement.targets) != 1:
+        return False
+    target = statement.targets[0]
+    if not isinstance(target, ast.Name):
+        return False
+    return not any(
+        isinstance(node, ast.Name) and node.id == target.id and isinstance(node.ctx, ast.Load)
+        for node in ast.walk(facts.scope(construction))
+    )
+
+
 @exemption("TL304", "neg_scheduler_repositioned_from_epoch.py")
 def _positioned_by_epoch(call: ast.Call) -> bool:
     """A scheduler built with `last_epoch=<an expression>` (not the default -1): the code
@@ -329,7 +345,7 @@ def checkpoint_missing_training_state(facts: Facts) -> Iterator[Hit]:
             "optimizer": any(not _stateless_sgd(facts, c, d) for c, d in local["optimizer"])
             or "optimizer" in held,
             "scheduler": (
-                bool(local["scheduler"])
+                any(not _never_read(facts, c) for c, _ in local["scheduler"])
                 and not any(_positioned_by_epoch(c) for c, _ in constructed["scheduler"])
                 and not all(_stepped_at_epoch(facts, c) for c, _ in local["scheduler"])
             )
