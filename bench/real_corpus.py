@@ -189,6 +189,24 @@ def materialise(repo: str, commit: str) -> Path | None:
     return dest
 
 
+def add_named_files(root: Path, repo: str, commit: str, paths: list[str]) -> None:
+    """Files a row names that the source-only tree left out (a notebook): read from the
+    snapshot into the tree, so the row is checked instead of skipped as missing."""
+    gdir = git_dir(repo)
+    for path in paths:
+        target = root / path
+        if target.exists() or gdir is None:
+            continue
+        done = subprocess.run(
+            ["git", f"--git-dir={gdir}", "show", f"{commit}:{path}"],
+            capture_output=True,
+            check=False,
+        )
+        if done.returncode == 0:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(done.stdout)
+
+
 def parent_of(repo: str, commit: str) -> str | None:
     gdir = git_dir(repo)
     if gdir is None or not has_commit(gdir, commit):
@@ -259,6 +277,7 @@ def score(entries: list[dict], torchls: list[str], check_fixed: bool) -> Report:
                 report.skipped.append(f"{repo}@{commit[:10]}:{row['path']} (no snapshot)")
             continue
         wanted = list(dict.fromkeys(p for row in rows for p in [row["path"], *row_paths(row)]))
+        add_named_files(root, repo, commit, wanted)
         found = run_torchls(torchls, root, wanted)
         for row in rows:
             if row["path"] not in found:
@@ -273,7 +292,9 @@ def score(entries: list[dict], torchls: list[str], check_fixed: bool) -> Report:
         root = materialise(repo, commit)
         if root is None:
             continue
-        found = run_torchls(torchls, root, [row.get("fixed_path", row["path"]) for row in rows])
+        fixed_paths = [row.get("fixed_path", row["path"]) for row in rows]
+        add_named_files(root, repo, commit, fixed_paths)
+        found = run_torchls(torchls, root, fixed_paths)
         for row in rows:
             fixed_outputs[id(row)] = found.get(row.get("fixed_path", row["path"]), [])
     for entry in entries:
