@@ -111,6 +111,9 @@ def loss_kind_of_call(facts: Facts, call: ast.Call) -> tuple[str, ast.Call | Non
     if qualname in ("torch.binary_cross_entropy_with_logits",):
         return ("BCEWithLogitsLoss", None)
     func = call.func
+    held = held_functional_loss(facts, func)
+    if held is not None:
+        return held[0], None
     if (
         isinstance(func, ast.Attribute)
         and func.attr == "forward"
@@ -140,6 +143,100 @@ def loss_kind_of_call(facts: Facts, call: ast.Call) -> tuple[str, ast.Call | Non
         if wrapped is not None:
             return wrapped, None
     return None
+
+
+def _functional_loss_name(facts: Facts, expr: ast.expr | None) -> str | None:
+    qualname = facts.qualname(expr) or ""
+    if qualname.startswith("torch.nn.functional."):
+        return FUNCTIONAL_LOSSES.get(qualname.rsplit(".", 1)[-1])
+    return None
+
+
+def held_functional_loss(facts: Facts, func: ast.expr) -> tuple[str, str, str] | None:
+    """(kind, input keyword, target keyword) when the called name or `self` attribute holds
+    a functional loss itself, bound once: `self.loss_func = F.binary_cross_entropy_with_logits`,
+    or a lambda that hands its first two parameters on as the loss's input and target
+    (`lambda out, y: F.cross_entropy(out, y, ignore_index=-1)`). The call then computes that
+    loss, with its input and target at the same positions (keywords: the lambda's names)."""
+    if not (
+        isinstance(func, ast.Name)
+        or (
+            isinstance(func, ast.Attribute)
+            and isinstance(func.value, ast.Name)
+            and func.value.id == "self"
+        )
+    ):
+        return None
+    if isinstance(func, ast.Name) and func.id not in facts.bound_names:
+        return None
+    held = facts.binding_value(func)
+    if held is None and isinstance(func, ast.Attribute):
+        held = _value_for_guard(facts, func)
+    if isinstance(held, (ast.Name, ast.Attribute)):
+        name = _functional_loss_name(facts, held)
+        return (name, "input", "target") if name else None
+    if not isinstance(held, ast.Lambda) or not isinstance(held.body, ast.Call):
+        return None
+    params = [a.arg for a in [*held.args.posonlyargs, *held.args.args]]
+    if len(params) < 2 or held.args.vararg or held.args.kwarg:
+        return None
+    body = held.body
+    name = _functional_loss_name(facts, body.func)
+    if name is None:
+        return None
+    given = (_argument(body, 0, "input"), _argument(body, 1, "target"))
+    if not all(isinstance(g, ast.Name) and g.id == p for g, p in zip(given, params, strict=False)):
+        return None  # the lambda changes the input or the target before the loss sees it
+    return name, params[0], params[1]
+
+
+def _setting_test(facts: Facts, test: ast.expr) -> tuple[str, object] | None:
+    """(`attr`, constant) for a test `self.attr == constant` on a setting bound once."""
+    if not (
+        isinstance(test, ast.Compare)
+        and len(test.ops) == 1
+        and isinstance(test.ops[0], ast.Eq)
+        and isinstance(test.left, ast.Attribute)
+        and isinstance(test.left.value, ast.Name)
+        and test.left.value.id == "self"
+        and isinstance(test.comparators[0], ast.Constant)
+    ):
+        return None
+    if len(facts.self_attribute_values(test.left)) != 1:
+        return None  # the setting changes after construction: the tests may disagree
+    return test.left.attr, test.comparators[0].value
+
+
+def _value_for_guard(facts: Facts, func: ast.Attribute) -> ast.expr | None:
+    """The value of `self.attr`, bound in each arm of an `if self.task == "a": ... elif
+    self.task == "b": ...` chain, that holds at a use under the same test of the same setting
+    (bound once): `self.loss_fn(out, y)` under `if self.task == "a":` calls what the "a" arm
+    kept. None when some binding is not directly under such a test, or none matches."""
+    values = facts.self_attribute_values(func)
+    if len(values) < 2:
+        return None
+    by_test: dict[tuple[str, object], ast.expr] = {}
+    for value in values:
+        stmt = facts.parents.get(value)
+        arm = facts.parents.get(stmt) if stmt is not None else None
+        if not isinstance(arm, ast.If) or stmt not in arm.body:
+            return None
+        test = _setting_test(facts, arm.test)
+        if test is None or test in by_test:
+            return None
+        by_test[test] = value
+    if len({attr for attr, _ in by_test}) != 1:
+        return None
+    node: ast.AST = func
+    while True:
+        parent = facts.parents.get(node)
+        if parent is None or isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return None
+        if isinstance(parent, ast.If) and node in parent.body:
+            test = _setting_test(facts, parent.test)
+            if test is not None and test in by_test:
+                return by_test[test]
+        node = parent
 
 
 class WrappedLosses:
@@ -313,12 +410,14 @@ def find_loss_calls(facts: Facts) -> list[LossCall]:
         if kind is None:
             continue
         name, constructor = kind
+        held = held_functional_loss(facts, func) if constructor is None else None
+        keywords = held[1:] if held is not None else ("input", "target")
         found.append(
             LossCall(
                 call,
                 name,
-                _argument(call, 0, "input"),
-                _argument(call, 1, "target"),
+                _argument(call, 0, keywords[0]),
+                _argument(call, 1, keywords[1]),
                 constructor,
             )
         )

@@ -213,12 +213,10 @@ class ValueQueries(IndexQueries):
     def _forward_as_call(self, call: ast.Call) -> ast.Call | None:
         """`model.forward(x)` written as the call `model(x)` it stands for (hooks aside), so
         the module's output is followed the same way; one per call, placed where the call is
-        (same position, same parent). None for `self.forward(...)` and `super().forward(...)`:
-        those are the class's own code, which the call's callee already covers."""
+        (same position, same parent); `self.forward(x)` stands for `self(x)` (a Lightning
+        `training_step` running its own network). None for `super().forward(...)`."""
         receiver = self.receiver(call)
-        if not isinstance(receiver, (ast.Name, ast.Attribute)) or (
-            isinstance(receiver, ast.Name) and receiver.id == "self"
-        ):
+        if not isinstance(receiver, (ast.Name, ast.Attribute)):
             return None
         aliases = self._forward_aliases
         if call not in aliases:

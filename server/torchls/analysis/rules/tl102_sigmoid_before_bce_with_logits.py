@@ -30,7 +30,9 @@ def sigmoid_before_bce_with_logits(facts: Facts) -> Iterator[Hit]:
     The input of `nn.BCEWithLogitsLoss` / `F.binary_cross_entropy_with_logits` is a sigmoid
     output, also after shape-only steps and casts (`torch.squeeze(p)`, `p.type(dtype)`), and
     also for a project loss module whose `forward` hands its input (unchanged, reshaped or
-    selected) to `binary_cross_entropy_with_logits` (a focal loss). The sigmoid is found
+    selected) to `binary_cross_entropy_with_logits` (a focal loss), or for the loss function
+    itself kept on `self` (`self.loss_fn = F.binary_cross_entropy_with_logits`, or a lambda
+    handing its arguments on to it). The sigmoid is found
     where TL101 finds a softmax: in a model's `forward` or an `nn.Sequential` (another project file
     included), a head kept on `self` (built in either arm of an `if`, or attached by another
     method), a module a wrapper is handed, a network handed in by another file's callers;

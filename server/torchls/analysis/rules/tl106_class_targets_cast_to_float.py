@@ -60,8 +60,31 @@ def is_class_index_source(facts: Facts, expr: ast.expr) -> bool:
             return False
         if isinstance(node, ast.Call) and facts.method_name(node) == "long":
             continue
+        items = _stacked_items(facts, node)
+        if items is not None and is_class_index_source(facts, items):
+            continue
         return False
     return True
+
+
+def _stacked_items(facts: Facts, node: ast.AST) -> ast.expr | None:
+    """The sequence `torch.stack` batches unchanged: `xs` in `torch.stack(xs)` or in
+    `torch.stack([t for t in xs])`; its items' values are the batch's."""
+    if not isinstance(node, ast.Call) or facts.call_qualname(node) != "torch.stack":
+        return None
+    if not node.args or isinstance(node.args[0], ast.Starred):
+        return None
+    items = node.args[0]
+    if isinstance(items, ast.Name):
+        return items
+    if not isinstance(items, ast.ListComp) or len(items.generators) != 1:
+        return None
+    loop = items.generators[0]
+    if loop.ifs or loop.is_async or not isinstance(loop.target, ast.Name):
+        return None
+    if not (isinstance(items.elt, ast.Name) and items.elt.id == loop.target.id):
+        return None
+    return loop.iter
 
 
 @rule(
@@ -75,7 +98,9 @@ def class_targets_cast_to_float(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
     Integer class-index targets converted with `.float()`, `.double()`, `.half()` or
-    `.to(torch.float32)` right before `CrossEntropyLoss` / `NLLLoss`.
+    `.to(torch.float32)` right before `CrossEntropyLoss` / `NLLLoss`, also when the targets
+    are batched with `torch.stack` first, and when the loss is a lambda kept on `self` in the
+    arm of an `if self.task == ...` chain that the call sits under the same test of.
 
     ## Why it is wrong
     With a float target, `CrossEntropyLoss` switches to its soft-label mode and expects a
