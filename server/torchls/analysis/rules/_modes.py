@@ -18,7 +18,7 @@ from torchls.analysis.facts import EVAL_FUNCTION_RE, Facts, FunctionNode
 from torchls.analysis.modes import ModeAnalysis, _is_mode_call, analyse_modes, run_key
 from torchls.analysis.queries.flow import guard_holds, guard_of
 from torchls.analysis.registry import exemption
-from torchls.analysis.rules._modes_memos import TrainingFunctions
+from torchls.analysis.rules._modes_memos import LoopAssignments, TrainingFunctions
 
 
 class FileModes:
@@ -141,9 +141,8 @@ def _derived_from_target(facts: Facts, loop: ast.For | ast.AsyncFor, call: ast.C
     names = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
     bindings = [
         node
-        for node in ast.walk(loop)
-        if (isinstance(node, ast.Assign) or (isinstance(node, ast.AnnAssign) and node.value))
-        and (node.lineno, node.col_offset) < (call.lineno, call.col_offset)
+        for node in facts.get(LoopAssignments).of(loop)
+        if (node.lineno, node.col_offset) < (call.lineno, call.col_offset)
         and facts.scope(node) is facts.scope(call)
     ]
     for _ in range(3):  # a chain of a few assignments is enough

@@ -18,6 +18,7 @@ from typing import cast
 
 from torchls.analysis.facts import Facts, FunctionNode
 from torchls.analysis.objects import ClassRef, ObjectModel
+from torchls.analysis.rules._modes_memos import GradientClearings
 
 Handed = tuple[ast.Call, ast.stmt, Facts, FunctionNode]
 
@@ -48,7 +49,7 @@ def loops_through_handed_backprop(facts: Facts) -> Iterator[Handed]:
 
 
 def _clears(facts: Facts, node: ast.AST) -> bool:
-    if any(facts.clears_gradients(n) for n in ast.walk(node)):
+    if facts.get(GradientClearings).inside(node):
         return True
     return facts.node_reaches(node, lambda c: facts.is_zero_grad(c) or facts.clears_gradients(c))
 

@@ -34,3 +34,42 @@ class TrainingForwards:
 
     def __init__(self, facts: Facts) -> None:
         self.by_loop: dict[ast.AST, set[ast.Call]] = {}
+
+
+class LoopAssignments:
+    """Per file: the assignments with a value under each loop, in `ast.walk` order. Asked
+    for every model call in the loop: one walk of the loop, not one per call."""
+
+    def __init__(self, facts: Facts) -> None:
+        self.by_loop: dict[ast.AST, list[ast.Assign | ast.AnnAssign]] = {}
+
+    def of(self, loop: ast.AST) -> list[ast.Assign | ast.AnnAssign]:
+        found = self.by_loop.get(loop)
+        if found is None:
+            found = self.by_loop[loop] = [
+                node
+                for node in ast.walk(loop)
+                if isinstance(node, ast.Assign)
+                or (isinstance(node, ast.AnnAssign) and node.value is not None)
+            ]
+        return found
+
+
+class GradientClearings:
+    """Per file: the nodes that clear gradients in place (`Facts.clears_gradients`: an
+    assignment to `.grad`, a `p.grad.zero_()`), found once over the index. `inside(node)`
+    says whether one sits under `node` (itself included), the question TL204 asked by walking
+    every loop and function it looked at; most files have none, so the answer is immediate."""
+
+    def __init__(self, facts: Facts) -> None:
+        self.facts = facts
+        assign, call = ast.Assign, ast.Call
+        self.nodes = [
+            node
+            for nodes in facts.scope_nodes.values()
+            for node in nodes
+            if (type(node) is assign or type(node) is call) and facts.clears_gradients(node)
+        ]
+
+    def inside(self, node: ast.AST) -> bool:
+        return any(self.facts.is_inside(found, node) for found in self.nodes)

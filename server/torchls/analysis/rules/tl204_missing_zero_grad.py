@@ -16,6 +16,7 @@ from torchls.analysis.findings import Fix, Related
 from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._edits import insert_line_before
 from torchls.analysis.rules._modes_backprop import loops_through_handed_backprop
+from torchls.analysis.rules._modes_memos import GradientClearings
 
 
 def _steps(facts: Facts) -> Iterator[tuple[ast.Call, ast.expr]]:
@@ -80,7 +81,7 @@ def _uncleared_steps(facts: Facts, loop: ast.AST) -> set[int]:
     }
     if len(stepped) < 2:
         return set()  # one optimizer: the loop-wide check above already covers it
-    if any(facts.clears_gradients(node) for node in ast.walk(loop)):
+    if facts.get(GradientClearings).inside(loop):
         return set()  # `p.grad = None`: which parameters is not tracked
     cleared: list[set[str]] = []
     for call in facts.calls_in(loop):
@@ -170,7 +171,7 @@ def _arm_that_never_clears(
 def _clears_grads_in(facts: Facts, loop: ast.AST) -> bool:
     if facts.node_reaches(loop, lambda c: _clears(facts, c)):
         return True
-    return any(facts.clears_gradients(node) for node in ast.walk(loop))
+    return facts.get(GradientClearings).inside(loop)
 
 
 def _cleared_by_caller(facts: Facts, step: ast.Call, site: ast.Call) -> ast.expr | None:
