@@ -314,6 +314,93 @@ def test_a_star_import_that_leaves_the_class_out_of_all_is_not_followed(tmp_path
     assert found(tmp_path, "train.py") == []
 
 
+EPOCH_LOOP = """\
+def run_epochs(loader, model, optimizer, epochs):
+    for epoch in range(epochs):
+        for x in loader:
+            optimizer.zero_grad()
+            model(x).sum().backward()
+            optimizer.step()
+"""
+TRAIN_THROUGH_PACKAGE = """\
+import torch
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+import pkg
+
+
+def main(dataset, model):
+    torch.distributed.init_process_group("nccl")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(dataset, batch_size=8, sampler=DistributedSampler(dataset))
+    pkg.engine.run_epochs(loader, model, optimizer, 10)
+"""
+PACKAGE = {
+    "pkg/__init__.py": "from pkg import engine\n",
+    "pkg/engine/__init__.py": "from pkg.engine.loop import run_epochs\n",
+    "pkg/engine/loop.py": EPOCH_LOOP,
+}
+
+
+@pytest.mark.parametrize(
+    "train",
+    [
+        TRAIN_THROUGH_PACKAGE,
+        TRAIN_THROUGH_PACKAGE.replace(
+            "import pkg\n", "from pkg.engine import run_epochs\n"
+        ).replace("pkg.engine.run_epochs(", "run_epochs("),
+    ],
+    ids=["dotted-call", "imported-from-package"],
+)
+def test_a_caller_reaching_the_loop_through_package_reexports_is_found(
+    tmp_path: Path, train: str
+) -> None:
+    write(tmp_path, {**PACKAGE, "train.py": train})
+    assert found(tmp_path, "pkg/engine/loop.py") == [(3, "TL802")]
+
+
+def test_a_package_caller_that_sets_the_epoch_is_quiet(tmp_path: Path) -> None:
+    told = EPOCH_LOOP.replace(
+        "        for x in loader:",
+        "        loader.sampler.set_epoch(epoch)\n        for x in loader:",
+    )
+    write(tmp_path, {**PACKAGE, "pkg/engine/loop.py": told, "train.py": TRAIN_THROUGH_PACKAGE})
+    assert found(tmp_path, "pkg/engine/loop.py") == []
+
+
+LOADER_FACTORY = """\
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+
+def make(dataset):
+    return DataLoader(dataset, batch_size=8, sampler=DistributedSampler(dataset))
+"""
+TRAIN_WITH_MODULE_FACTORY = """\
+import torch
+
+import data.loaders
+
+
+def main(dataset, model, epochs):
+    torch.distributed.init_process_group("nccl")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = data.loaders.make(dataset)
+    for epoch in range(epochs):
+        for x in batches:
+            optimizer.zero_grad()
+            model(x).sum().backward()
+            optimizer.step()
+"""
+
+
+def test_a_factory_called_through_its_module_returns_its_loader(tmp_path: Path) -> None:
+    files = {"data/__init__.py": "", "data/loaders.py": LOADER_FACTORY}
+    write(tmp_path, {**files, "train.py": TRAIN_WITH_MODULE_FACTORY})
+    assert found(tmp_path, "train.py") == [(11, "TL802")]
+
+
 # ---------------------------------------------------------------------- TL206
 EPOCH_KEEPING_LOSSES = """\
 from engine import train_step

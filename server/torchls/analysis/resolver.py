@@ -305,6 +305,9 @@ class Workspace:
             return None
         own = self.real_path(facts.filename)
         tail = own.parent.name if own.name == "__init__.py" else own.stem
+        # A caller may import it through its package's `__init__` (`from pkg.engine import
+        # run`, `pkg.engine.run(...)`), naming the package but not the module file.
+        package = own.parent.name
         wanted = named or function.name
         found: list[tuple[Facts, ast.Call]] = []
         for path in paths:
@@ -314,7 +317,7 @@ class Workspace:
             with self._lock:
                 self._dependents.setdefault(path, set()).add(own)
             text = self.text_of(path)
-            if text is None or wanted not in text or tail not in text:
+            if text is None or wanted not in text or (tail not in text and package not in text):
                 continue
             other = self.facts_for(path)
             if other is None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ast
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from torchls.analysis.queries.index import IndexQueries
 from torchls.analysis.queries.vocabulary import (
@@ -112,19 +112,16 @@ class SummaryQueries(IndexQueries):
             if definition is None:
                 return None
             return _function_of(definition.facts, definition.node)
-        if not isinstance(func, ast.Attribute) or not isinstance(func.value, ast.Name):
+        if not isinstance(func, ast.Attribute):
             return None
+        if not isinstance(func.value, ast.Name):
+            return self._packaged_callee(func)
         base = func.value.id
         if base in self._project_imports:
             if self.reaching_assignment(func.value) is None:
                 other = self.workspace.module_facts(self, base)
                 if other is not None:
-                    if func.attr in other.functions:
-                        return other, other.functions[func.attr], False
-                    info = other.classes.get(func.attr)
-                    if info is not None and "__init__" in info.methods:
-                        return other, info.methods["__init__"], True
-                    return None
+                    return _module_member(other, func.attr)
         value = self.binding_value(func.value)
         if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
             owner: Facts | None = None
@@ -139,6 +136,23 @@ class SummaryQueries(IndexQueries):
             if owner is not None and info is not None and func.attr in info.methods:
                 return owner, info.methods[func.attr], True
         return None
+
+    def _packaged_callee(self, func: ast.Attribute) -> tuple[Facts, FunctionNode, bool] | None:
+        """`pkg.train.run(...)` after `import pkg`: the module `pkg.train` of the project,
+        found by its dotted name, and the function or class `run` it defines or imports."""
+        parts: list[str] = []
+        value: ast.expr = func.value
+        while isinstance(value, ast.Attribute):
+            parts.append(value.attr)
+            value = value.value
+        workspace = self.workspace
+        if not isinstance(value, ast.Name) or value.id not in self._project_imports:
+            return None
+        if workspace is None or self.reaching_assignment(value) is not None:
+            return None
+        dotted = ".".join([self.imports[value.id], *reversed(parts)])
+        other = workspace.module_facts(cast("Facts", self), "*", dotted=dotted)
+        return _module_member(other, func.attr) if other is not None else None
 
     def summary(self, function: FunctionNode) -> Summary:
         """What `function` (of this file) does, in terms of its parameters (`summaries.py`)."""
@@ -278,3 +292,15 @@ class SummaryQueries(IndexQueries):
             if arg.arg == name.id:
                 return arg.annotation
         return None
+
+
+def _module_member(module: Facts, name: str) -> tuple[Facts, FunctionNode, bool] | None:
+    """What `module.name(...)` runs: a function or class `module` defines, or one it imports
+    from another project file (a package's `__init__` re-exporting it)."""
+    if name in module.functions:
+        return module, module.functions[name], False
+    info = module.classes.get(name)
+    if info is not None:
+        return (module, info.methods["__init__"], True) if "__init__" in info.methods else None
+    definition = module.definition(name) if name in module.imports else None
+    return _function_of(definition.facts, definition.node) if definition is not None else None

@@ -823,17 +823,27 @@ class ValueQueries(IndexQueries):
 
     def function_returns(self, call: ast.Call) -> list[tuple[Facts, ast.expr]] | None:
         """(file facts, return expression) of the plain function `call` calls, here or in
-        another project file (factories such as `build_model()` or `make_criterion()`)."""
-        if not isinstance(call.func, ast.Name):
-            return None
-        name = call.func.id
-        function: FunctionNode | None = self.functions.get(name)
+        another project file (factories such as `build_model()` or `make_criterion()`), or
+        reached through its module or package (`data.make_loaders()`, `pkg.data.build()`)."""
         owner: Facts = self
-        if function is None:
+        function: FunctionNode | None
+        if isinstance(call.func, ast.Attribute):
+            target = self.callee(call)
+            if target is None or target[2]:
+                return None  # unknown, or a method: its returns depend on the object
+            owner, function = target[0], target[1]
+        elif not isinstance(call.func, ast.Name):
+            return None
+        else:
+            function = self.functions.get(call.func.id)
+        if function is None and isinstance(call.func, ast.Name):
+            name = call.func.id
             definition = self.definition(name)
             if definition is None or isinstance(definition.node, ast.ClassDef):
                 return None
             owner, function = definition.facts, definition.node
+        if function is None:
+            return None
         returns = [
             (owner, node.value)
             for node in owner.walk_local(function)
