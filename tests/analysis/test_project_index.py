@@ -360,6 +360,20 @@ def test_a_caller_reaching_the_loop_through_package_reexports_is_found(
     assert found(tmp_path, "pkg/engine/loop.py") == [(3, "TL802")]
 
 
+def test_files_naming_only_the_package_are_not_searched_unless_it_reexports(
+    tmp_path: Path,
+) -> None:
+    # `runner.run_epochs()` on an object nobody can name would stop the caller search;
+    # the file names the package, not the module, and the package does not re-export it.
+    other = "import pkg.engine\n\n\ndef go(runner):\n    runner.run_epochs()\n"
+    train = TRAIN_THROUGH_PACKAGE.replace(
+        "import pkg\n", "from pkg.engine.loop import run_epochs\n"
+    ).replace("pkg.engine.run_epochs(", "run_epochs(")
+    files = {**PACKAGE, "pkg/engine/__init__.py": "", "other.py": other, "train.py": train}
+    write(tmp_path, files)
+    assert found(tmp_path, "pkg/engine/loop.py") == [(3, "TL802")]
+
+
 def test_a_package_caller_that_sets_the_epoch_is_quiet(tmp_path: Path) -> None:
     told = EPOCH_LOOP.replace(
         "        for x in loader:",

@@ -305,10 +305,15 @@ class Workspace:
             return None
         own = self.real_path(facts.filename)
         tail = own.parent.name if own.name == "__init__.py" else own.stem
-        # A caller may import it through its package's `__init__` (`from pkg.engine import
-        # run`, `pkg.engine.run(...)`), naming the package but not the module file.
-        package = own.parent.name
         wanted = named or function.name
+        # A caller may import it through its package's `__init__` (`from pkg.engine import
+        # run`, `pkg.engine.run(...)`), naming the package but not the module file: only
+        # when that `__init__` names it (re-exports it), else every file naming the package
+        # would be searched, and one unknown `.step()` among them stops the search.
+        package = own.parent.name
+        init_text = self.text_of(own.parent / "__init__.py") if own.name != "__init__.py" else None
+        if init_text is None or wanted not in init_text:
+            package = tail
         found: list[tuple[Facts, ast.Call]] = []
         for path in paths:
             path = self.real_path(path)
