@@ -155,6 +155,73 @@ class ObjectModel:
                 return klass.facts, found
         return None
 
+    def overrides_in_subclasses(
+        self, node: ast.AST, name: str
+    ) -> list[tuple[ClassRef, FunctionNode]]:
+        """Virtual dispatch on `self`: for a call of `self.<name>` (or `self(...)`, `name`
+        `forward`) at `node` in a method `m` of class `K` of this file, the subclasses of `K`
+        in this file that inherit `m` from `K` but find `name` defined below `K`, each with
+        the definition it runs (each such definition once, for its nearest class). A
+        subclass that rebinds anything else `m` reads on `self` (`self.loss = ...`, a method
+        `m` calls), or that defines `__init__` while `K` keeps a constructor argument on
+        `self`, is left out: `m` would not compute what it does in `K` there."""
+        ref = self.enclosing_class(node)
+        method = self.facts.scope(node)
+        if ref is None or method is ref.info.node or not hasattr(method, "args"):
+            return []
+        caller = method.name  # type: ignore[union-attr]
+        if ref.info.methods.get(caller) is not method:
+            return []
+        read = {
+            n.attr
+            for n in self.facts.walk_local(method)
+            if isinstance(n, ast.Attribute)
+            and _on_self(n)
+            and n.attr != name
+            and not self._only_a_receiver(n)
+        }
+        keeps_argument = any(
+            isinstance(value, ast.Name)
+            for attr in read
+            for value in ref.info.attributes.get(attr, ())
+        )
+        found: list[tuple[ClassRef, FunctionNode]] = []
+        seen: set[int] = set()
+        for info in self.facts.classes.values():
+            if info.node is ref.info.node:
+                continue
+            chain = self.lineage(ClassRef(self.facts, info))
+            below = next((i for i, c in enumerate(chain) if c.info.node is ref.info.node), None)
+            if below is None:
+                continue
+            between = chain[:below]
+            if any(caller in c.info.methods for c in between):
+                continue  # `m` itself is overridden: `K`'s `m` never runs there
+            if any(
+                attr in c.info.methods or attr in c.info.attributes
+                for c in between
+                for attr in read
+            ):
+                continue
+            if keeps_argument and any("__init__" in c.info.methods for c in between):
+                continue
+            runs = next((c for c in between if name in c.info.methods), None)
+            if runs is None or id(runs.info.methods[name]) in seen:
+                continue
+            seen.add(id(runs.info.methods[name]))
+            found.append((runs, runs.info.methods[name]))
+        return found
+
+    def _only_a_receiver(self, attribute: ast.Attribute) -> bool:
+        """`self.opt` in `self.opt.step()`: the object's own method runs, which hands no
+        value of it to the loss (a `.forward` call aside: that is the object's output)."""
+        parent = self.facts.parents.get(attribute)
+        return (
+            isinstance(parent, ast.Attribute)
+            and parent.value is attribute
+            and parent.attr != "forward"
+        )
+
     def object_method(self, call: ast.Call) -> tuple[Facts, FunctionNode] | None:
         """The definition `self.helper.m(...)` or `helper.m(...)` runs when every value the
         receiver may hold is the construction of one project class (`self.helper =

@@ -396,11 +396,22 @@ class ValueQueries(IndexQueries):
                 for o in outputs
             ]
         returns = self._forward_returns_of_call(call, depth, bound)
-        if returns is None:
+        overrides = self._forward_overrides(call)
+        if returns is None and not overrides:
             return None
         out: list[Origin] = []
-        for owner, returned in returns:
+        for owner, returned in returns or ():
             out.extend(self._origins_in(owner, returned, depth, (*via, call)))
+        if overrides:
+            # `self(x)` in a base class's method runs the `forward` of the object's class: one
+            # path per class, so a subclass whose `forward` breaks a contract is its own choice.
+            klass = self.enclosing_class(call)
+            out = _in_branch(out, klass) if klass is not None else out
+            for ref, forward in overrides:
+                for node in ref.facts.walk_local(forward):
+                    if isinstance(node, ast.Return) and node.value is not None:
+                        inner = self._origins_in(ref.facts, node.value, depth, (*via, call))
+                        out.extend(_in_branch(inner, ref.info.node))
         instance = self._module_instance(call, bound)
         if instance is not None:
             out = self._bind_forward_parameters(call, depth, via, out, *instance)
@@ -713,6 +724,13 @@ class ValueQueries(IndexQueries):
         owner, info = found
         returns = owner._forward_returns(info, depth)
         return [(owner, r) for r in returns] if returns is not None else None
+
+    def _forward_overrides(self, call: ast.Call) -> list:
+        """The subclasses' `forward` definitions `self(x)` may run (`ObjectModel`'s
+        virtual dispatch); none for any other call."""
+        if not (isinstance(call.func, ast.Name) and call.func.id == "self"):
+            return []
+        return self.get(ObjectModel).overrides_in_subclasses(call, "forward")  # type: ignore[attr-defined]
 
     def module_instance(self, call: ast.Call) -> tuple[Facts, ClassInfo, ast.Call] | None:
         """(file facts, class, constructor call) of the project module `call` runs, when its

@@ -60,6 +60,11 @@ def softmax_before_cross_entropy(facts: Facts) -> Iterator[Hit]:
     constructor parameter the model is built with set (or left by default) to a false
     constant, is a path that never runs and is not reported.
 
+    A base class's method that runs `self(x)` (or `self.forward(x)`) runs the `forward` of
+    the object's class: a subclass in the same file that keeps that method and what it calls
+    on `self` (the loss included) but whose `forward` ends in a softmax is a path of its own,
+    reported with the line of that class.
+
     ## Why it is wrong
     Cross-entropy applies `log_softmax` to its input itself. Feeding it probabilities squashes
     the logits twice: the loss stays high, gradients shrink, and training stalls or converges to
