@@ -527,3 +527,84 @@ def test_a_helper_run_by_other_files_on_a_model_in_eval_mode(
     found = analyze(RANKING, str(helper), workspace=Workspace(tmp_path))
     assert [f.code for f in found.findings if f.code == "TL202"] == expected
     assert [f.code for f in analyze(RANKING).findings if f.code == "TL202"] == []  # no project
+
+
+CALLABLE_UPDATES = """\
+import torch
+
+
+class BatchUpdate:
+    def __init__(self, net, optimizer, criterion):
+        self.net, self.optimizer, self.criterion = net, optimizer, criterion
+
+    def __call__(self, inputs, labels):
+        self.optimizer.zero_grad()
+        loss = self.criterion(self.net(inputs), labels)
+        loss.backward()
+        self.optimizer.step()
+        return loss.item()
+
+
+class BatchScore:
+    def __init__(self, net):
+        self.net = net
+
+    def __call__(self, inputs, labels):
+        with torch.no_grad():
+            return (self.net(inputs).argmax(1) == labels).float().mean().item()
+"""
+
+CALLABLE_LOOP = """\
+import torch
+from torch import nn
+from updates import BatchUpdate, BatchScore
+
+
+def run_epoch(loader, apply_batch, schedule):
+    for inputs, labels in loader:
+        apply_batch(inputs, labels)
+        schedule.step()
+
+
+def main(loader, epochs):
+    net = nn.Linear(8, 3)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10)
+    for _ in range(epochs):
+        run_epoch(loader, BatchUpdate(net, optimizer, nn.CrossEntropyLoss()), schedule)
+"""
+
+
+CALLABLE_LOCAL = CALLABLE_LOOP.replace(
+    "def run_epoch(loader, apply_batch, schedule):",
+    "def run_epoch(loader, net, optimizer, schedule):\n"
+    "    apply_batch = BatchUpdate(net, optimizer, nn.MSELoss())",
+).replace(
+    "BatchUpdate(net, optimizer, nn.CrossEntropyLoss()), schedule", "net, optimizer, schedule"
+)
+CALLABLE_SCORE = CALLABLE_LOOP.replace(
+    "BatchUpdate(net, optimizer, nn.CrossEntropyLoss())", "BatchScore(net)"
+)
+
+
+@pytest.mark.parametrize(
+    ("script", "expected"),
+    [
+        # every caller hands the loop an object whose `__call__` (in updates.py) trains
+        (CALLABLE_LOOP, [(9, 8)]),
+        # the object only scores batches: the loop does not train
+        (CALLABLE_SCORE, []),
+        # bound to a local name first
+        (CALLABLE_LOCAL, [(10, 8)]),
+    ],
+)
+def test_a_call_of_a_project_object_runs_its_class_call_method(
+    tmp_path: Path, script: str, expected: list[tuple[int, int]]
+) -> None:
+    # `apply_batch(...)` runs `BatchUpdate.__call__` of another file: its summary (backward
+    # and step) makes the loop a training loop, where an epoch schedule is stepped per batch.
+    (tmp_path / "updates.py").write_text(CALLABLE_UPDATES)
+    (tmp_path / "train.py").write_text(script)
+    train = tmp_path / "train.py"
+    found = analyze(script, str(train), workspace=Workspace(tmp_path)).findings
+    assert [(f.span.start.row, f.span.start.column) for f in found if f.code == "TL402"] == expected

@@ -98,7 +98,7 @@ class SummaryQueries(IndexQueries):
         # Most calls are library calls or tensor methods: reject those before any lookup.
         if isinstance(func, ast.Name):
             if func.id not in self.classes and func.id not in self._project_imports:
-                return None
+                return self._instance_call(func) if self._may_call_instances else None
         elif isinstance(func, ast.Attribute):
             if func.attr not in self._method_names and not self._project_imports:
                 return None
@@ -136,6 +136,59 @@ class SummaryQueries(IndexQueries):
             if owner is not None and info is not None and func.attr in info.methods:
                 return owner, info.methods[func.attr], True
         return None
+
+    @cached_property
+    def _may_call_instances(self) -> bool:
+        """An in-file class defines `__call__`, or project names are imported (a class of
+        another file may): only then can a call of a plain name run an object's `__call__`."""
+        return bool(self._project_imports) or any(
+            "__call__" in info.methods for info in self.classes.values()
+        )
+
+    def _instance_call(self, func: ast.Name) -> tuple[Facts, FunctionNode, bool] | None:
+        """`compute(out, y)` where `compute` holds an object of a project class defining
+        `__call__`: built right here (`compute = LossCompute(...)`), or a parameter every
+        in-file call site passes such an object of one same class for. An `nn.Module` without
+        its own `__call__` is not resolved (its call runs `forward` through torch)."""
+        if func.id in cast("Facts", self)._function_names:
+            return None
+        assignment = self.reaching_assignment(func)
+        if assignment is not None:
+            if assignment.index is not None or assignment.loop is not None:
+                return None
+            values = [assignment.value]
+        else:
+            arguments = self.parameter_arguments(func, unbound=True)
+            if not arguments:
+                return None
+            values = list(arguments)
+        found: tuple[Facts, FunctionNode, bool] | None = None
+        for value in values:
+            target = self.called_instance_method(value)
+            if target is None or (found is not None and target[1] is not found[1]):
+                return None
+            found = target
+        return found
+
+    def called_instance_method(
+        self, value: ast.expr | None
+    ) -> tuple[Facts, FunctionNode, bool] | None:
+        """What calling the object `value` constructs runs: the `__call__` of its project
+        class (`LossCompute(...)`, defined here or imported from another project file)."""
+        if not isinstance(value, ast.Call) or not isinstance(value.func, ast.Name):
+            return None
+        name = value.func.id
+        facts = cast("Facts", self)
+        info = self.classes.get(name)
+        owner: Facts | None = facts if info is not None else None
+        if info is None and name in self.imports and self.workspace is not None:
+            definition = facts.definition(name)
+            if definition is not None and isinstance(definition.node, ast.ClassDef):
+                owner = definition.facts
+                info = owner.classes.get(definition.node.name)
+        if owner is None or info is None or "__call__" not in info.methods:
+            return None
+        return owner, info.methods["__call__"], True
 
     def _packaged_callee(self, func: ast.Attribute) -> tuple[Facts, FunctionNode, bool] | None:
         """`pkg.train.run(...)` after `import pkg`: the module `pkg.train` of the project,

@@ -338,7 +338,9 @@ class FlowQueries(IndexQueries):
         func = call.func
         if isinstance(func, ast.Name):
             if func.id not in self._function_names:
-                return None  # `len(...)`, `model(...)`: no function of this file has the name
+                # `len(...)`, `model(...)`: no function of this file has the name, unless it
+                # holds an object of an in-file class run through its `__call__`.
+                return self._called_instance(func) if self._call_classes else None
             # A nested function (an LBFGS closure, say) shadows a module-level one.
             nested = self.local_functions.get(self.scope(call), {}).get(func.id)
             return nested or self.functions.get(func.id)
@@ -364,6 +366,22 @@ class FlowQueries(IndexQueries):
                 and built.func.id in self.classes
             ):
                 return self.classes[built.func.id].methods.get(func.attr)
+        return None
+
+    @cached_property
+    def _call_classes(self) -> frozenset[str]:
+        return frozenset(n for n, info in self.classes.items() if "__call__" in info.methods)
+
+    def _called_instance(self, func: ast.Name) -> FunctionNode | None:
+        """`compute(out, y)` after `compute = LossCompute(...)` (the one binding of the name)
+        of an in-file class defining `__call__`: that method."""
+        built = self._sole_binding(func)
+        if (
+            isinstance(built, ast.Call)
+            and isinstance(built.func, ast.Name)
+            and built.func.id in self._call_classes
+        ):
+            return self.classes[built.func.id].methods["__call__"]
         return None
 
     def _sole_binding(self, name: ast.Name) -> ast.expr | None:

@@ -280,6 +280,10 @@ class IndexQueries(FileState):
                 if exported is not None and name not in exported:
                     continue
                 self.imports[name] = target
+                if "*" in self.import_positions and target.rsplit(".", 1)[0] in other.star_modules:
+                    # A name the module took from a further project module by its own star
+                    # import (`mtn` doing `from utils import *`): resolvable from here too.
+                    self.import_positions[name] = self.import_positions["*"]
                 bound.add(name)
             # ... and the classes and functions it defines at its top level, as if imported
             # by name, so `Net(...)` and `make_loss()` resolve to their definitions there.

@@ -115,13 +115,18 @@ def _resolve(
     owner: Facts, argument: ast.expr, ref: ClassRef | None, model: ObjectModel
 ) -> tuple[Facts, FunctionNode] | None:
     """`self.<method>` looked up from the class of the instance (`ref`, then its bases), or
-    a function of the caller's file named by a plain name."""
+    a function of the caller's file named by a plain name, or the `__call__` of the project
+    class whose object the caller builds right there."""
     if _on_self(argument) and ref is not None:
         for klass in model.lineage(ref):
             method = klass.info.methods.get(argument.attr)  # type: ignore[attr-defined]
             if method is not None:
                 return klass.facts, method
         return None
+    if isinstance(argument, ast.Call):
+        # An object whose `__call__` runs the step (`update=StepOnCall(model, optimizer)`).
+        called = owner.called_instance_method(argument)
+        return (called[0], called[1]) if called is not None else None
     if isinstance(argument, ast.Name):
         function = owner.functions.get(argument.id)
         if function is not None and owner.scope(function) is owner.tree:

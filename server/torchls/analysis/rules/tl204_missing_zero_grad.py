@@ -242,7 +242,10 @@ def missing_zero_grad(facts: Facts) -> Iterator[Hit]:
     A loop that hands each loss to a callable it receives as a parameter (`update(loss)`) is
     reported when every callable its callers pass for it (a method of the class or of a
     project base class in another file, whose `fit` calls the function itself or through
-    an attribute bound to it) backwards and steps without clearing gradients.
+    an attribute bound to it, or an object of a project class built at the call site,
+    whose `__call__` runs) backwards and steps without clearing gradients. A loop calling
+    such an object held in a local name (`update = StepOnCall(...)`, then `update(x, y)`)
+    is reported at the object's step, like a helper function.
 
     ## Why it is wrong
     `backward()` adds into `.grad`. Without clearing, step *k* uses the sum of all gradients so
@@ -277,9 +280,13 @@ def missing_zero_grad(facts: Facts) -> Iterator[Hit]:
             None,
         )
     for call, loop, owner, backprop in loops_through_handed_backprop(facts):
+        handed = backprop.name
+        klass = owner.parents.get(backprop)
+        if handed == "__call__" and isinstance(klass, ast.ClassDef):
+            handed = f"{klass.name}.__call__"  # an object of the class, called
         yield Hit(
             call,
-            f"`{facts.source.segment(call.func)}` is handed `{backprop.name}`, which backwards "
+            f"`{facts.source.segment(call.func)}` is handed `{handed}`, which backwards "
             f"and steps without clearing gradients, and the loop on line {loop.lineno} never "
             "clears them; they accumulate across iterations",
             None,
