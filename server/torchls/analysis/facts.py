@@ -133,6 +133,7 @@ class Facts(KindQueries, ValueQueries, FlowQueries, SummaryQueries):
         self.scope_of_node: dict[ast.AST, ScopeNode] = {}
         self._calls_in: dict[ast.AST, list[ast.Call]] = {}
         self._scopes: dict[ast.AST, ScopeNode] = {}
+        self._enclosing_loops: dict[ast.AST, list[ast.For | ast.AsyncFor | ast.While]] = {}
         self._reaching: dict[ast.Name, Assignment | None] = {}
         self.scope_nodes: dict[ast.AST, list[ast.AST]] = {}
         self.calls_by_statement: dict[ast.stmt, list[ast.Call]] = {}

@@ -830,8 +830,11 @@ def runs_generation(facts: Facts, call: ast.Call) -> bool:
     """`model.generate(...)` where `model` is a parameter typed as, or a local built by, a
     transformers (or peft) model class: decoding runs the model in the mode it is in (dropout
     stays on in training mode), with gradients off."""
-    receiver = facts.receiver(call)
-    if facts.method_name(call) != "generate" or not isinstance(receiver, ast.Name):
+    func = call.func  # read here, not through `method_name`: asked of every call, twice
+    if not isinstance(func, ast.Attribute) or func.attr != "generate":
+        return False
+    receiver = func.value
+    if not isinstance(receiver, ast.Name):
         return False
     origin: ast.expr | None = None
     function = facts.parameter_of(receiver)

@@ -468,7 +468,8 @@ class FlowQueries(IndexQueries):
         return any(self.reaches(call, predicate) for call in self.calls_in(node))
 
     def is_backward(self, call: ast.Call) -> bool:
-        method = self.method_name(call)
+        func = call.func  # `method_name` inlined: asked of every call by several rules
+        method = func.attr if isinstance(func, ast.Attribute) else None
         if method == "backward":
             return True
         if method == "manual_backward" and _on_self(call):
@@ -504,9 +505,10 @@ class FlowQueries(IndexQueries):
 
     def optimizer_of_step(self, call: ast.Call) -> ast.expr | None:
         """For `opt.step()` or `scaler.step(opt)`, the optimizer expression; else None."""
-        if self.method_name(call) != "step":
+        func = call.func  # `method_name` and `receiver` inlined: asked of every call
+        if not isinstance(func, ast.Attribute) or func.attr != "step":
             return None
-        receiver = self.receiver(call)
+        receiver = func.value
         kind = self.kind_of(receiver)
         if kind is not None and kind.kind == "optimizer":
             return receiver

@@ -388,7 +388,13 @@ class IndexQueries(FileState):
         return found
 
     def enclosing_loops(self, node: ast.AST) -> list[ast.For | ast.AsyncFor | ast.While]:
-        """Loops around `node` inside its own function, innermost first."""
+        """Loops around `node` inside its own function, innermost first. Memoised (rules and
+        the mode analysis ask it about the same calls again and again): callers only read
+        the list, never change it."""
+        try:
+            return self._enclosing_loops[node]
+        except KeyError:
+            pass
         loops = []
         current = self.parents.get(node)
         while current is not None and not isinstance(
@@ -397,6 +403,7 @@ class IndexQueries(FileState):
             if isinstance(current, (ast.For, ast.AsyncFor, ast.While)):
                 loops.append(current)
             current = self.parents.get(current)
+        self._enclosing_loops[node] = loops
         return loops
 
     def is_inside(self, node: ast.AST, ancestor: ast.AST) -> bool:

@@ -59,6 +59,7 @@ class FileState:
     _definitions: dict[str, Definition | None]
     _calls_in: dict[ast.AST, list[ast.Call]]
     _scopes: dict[ast.AST, ScopeNode]
+    _enclosing_loops: dict[ast.AST, list[ast.For | ast.AsyncFor | ast.While]]
     _reaching: dict[ast.Name, Assignment | None]
     _called: dict[ast.Call, FunctionNode | None]
     _kinds: dict[ast.AST, ObjectKind | None]

@@ -9,7 +9,7 @@ start of the loop where nothing in it clears gradients.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from torchls.analysis.facts import Facts
 from torchls.analysis.findings import Fix, Related
@@ -144,15 +144,24 @@ def _clearings_in(facts: Facts, loop: ast.AST) -> list[ast.AST]:
 
 
 def _arm_that_never_clears(
-    facts: Facts, loop: ast.AST, step: ast.Call, clearings: list[ast.AST]
+    facts: Facts, loop: ast.AST, step: ast.Call, clearings_of: Callable[[], list[ast.AST]]
 ) -> ast.If | None:
     """The `if` inside `loop` one of whose arms holds `step` and no clearing of gradients,
-    while every one of the loop's `clearings` sits in its other arm: whenever the step's arm
-    runs, the gradients of earlier iterations are still there (`if not use_amp: zero_grad,
-    backward, step / else: scaler.step`)."""
+    while every one of the loop's clearings (`clearings_of()`) sits in its other arm: whenever
+    the step's arm runs, the gradients of earlier iterations are still there
+    (`if not use_amp: zero_grad, backward, step / else: scaler.step`). The clearings take a
+    walk of the whole loop, so they are only asked for once an `if` with an `else` is found
+    around the step."""
+    current = facts.parents.get(step)
+    while current is not None and current is not loop:
+        if isinstance(current, ast.If) and current.orelse:
+            break
+        current = facts.parents.get(current)
+    else:
+        return None
+    clearings = clearings_of()
     if not clearings:
         return None
-    current = facts.parents.get(step)
     while current is not None and current is not loop:
         if isinstance(current, ast.If) and current.orelse:
             arms = (current.body, current.orelse)
@@ -311,9 +320,13 @@ def missing_zero_grad(facts: Facts) -> Iterator[Hit]:
         if seen in reported or not facts.node_reaches(loop, facts.accumulates_grad):
             continue
         if _clears_grads_in(facts, loop):
-            if id(loop) not in clearings:
-                clearings[id(loop)] = _clearings_in(facts, loop)
-            branch = _arm_that_never_clears(facts, loop, step, clearings[id(loop)])
+
+            def clearings_of(loop: ast.AST = loop) -> list[ast.AST]:
+                if id(loop) not in clearings:
+                    clearings[id(loop)] = _clearings_in(facts, loop)
+                return clearings[id(loop)]
+
+            branch = _arm_that_never_clears(facts, loop, step, clearings_of)
             if branch is not None:
                 optimizer_text = facts.source.segment(optimizer)
                 yield Hit(

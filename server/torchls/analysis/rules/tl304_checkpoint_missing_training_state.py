@@ -180,10 +180,25 @@ def _never_read(facts: Facts, construction: ast.Call) -> bool:
     target = statement.targets[0]
     if not isinstance(target, ast.Name):
         return False
-    return not any(
-        isinstance(node, ast.Name) and node.id == target.id and isinstance(node.ctx, ast.Load)
-        for node in ast.walk(facts.scope(construction))
-    )
+    return target.id not in facts.get(_LoadedNames).under(facts.scope(construction))
+
+
+class _LoadedNames:
+    """Per file: the names read anywhere under a scope (nested functions and classes
+    included), one walk per scope rather than one per scheduler built in it."""
+
+    def __init__(self, facts: Facts) -> None:
+        self.by_scope: dict[ast.AST, set[str]] = {}
+
+    def under(self, scope: ast.AST) -> set[str]:
+        found = self.by_scope.get(scope)
+        if found is None:
+            found = self.by_scope[scope] = {
+                node.id
+                for node in ast.walk(scope)
+                if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
+            }
+        return found
 
 
 @exemption("TL304", "neg_scheduler_repositioned_from_epoch.py")
