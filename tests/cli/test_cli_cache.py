@@ -132,7 +132,9 @@ def test_an_unchanged_project_is_not_analysed_again(project: Project, analyses: 
     assert analyses == []
 
 
-def test_editing_a_file_re_analyses_only_that_file(project: Project, analyses: list[str]):
+def test_editing_a_file_re_analyses_it_and_the_files_that_searched_it(
+    project: Project, analyses: list[str]
+):
     two_file_project(project)
     check(project)
     analyses.clear()
@@ -141,7 +143,10 @@ def test_editing_a_file_re_analyses_only_that_file(project: Project, analyses: l
         "import torch\n\n\ndef load(path):\n    return torch.load(path, map_location='cpu')\n",
     )
     after = check(project)
-    assert analyses == ["other.py"]
+    # train.py's `train(batches, ...)` has no caller in its own file, so TL802 searched every
+    # project file for one (other.py could gain `train(loader)`): it depends on other.py.
+    # models.py asked nothing of other.py and comes from the cache.
+    assert sorted(analyses) == ["other.py", "train.py"]
     assert "TL302" not in after["other.py"]
 
 
