@@ -182,6 +182,8 @@ def _bound_names(facts: Facts) -> set[str]:
                 bound.add(node.arg)
             elif isinstance(node, (ast.Global, ast.Nonlocal)):
                 bound.update(node.names)
+            elif isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name:
+                bound.add(node.name)
         _BOUND[facts] = bound
     return _BOUND[facts]
 
