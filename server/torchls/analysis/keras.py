@@ -96,6 +96,8 @@ def keras_path(facts: Facts, expr: ast.AST | None) -> tuple[str, str] | None:
     `tf.keras.layers.Dense`, in Keras 3 for `keras.layers.Dense`. TensorFlow's own names
     (`tf.nn.softmax`) come back as (`tf.keras`, `nn.softmax`) when the file uses tf.keras."""
     qualname = facts.qualname(expr)
+    if qualname is None and isinstance(expr, ast.Name):
+        qualname = _star_qualname(facts, expr.id)
     if qualname is None:
         return None
     if qualname.startswith("tensorflow.keras."):
@@ -105,6 +107,85 @@ def keras_path(facts: Facts, expr: ast.AST | None) -> tuple[str, str] | None:
     if qualname.startswith("tensorflow."):
         return file_flavour(facts) or TF_KERAS, qualname.removeprefix("tensorflow.")
     return None
+
+
+# Layer classes a `from tensorflow.keras.layers import *` binds that the rules ask about (by
+# their last name); and the model classes a `... .models import *` binds.
+STAR_LAYERS = {
+    *ACTIVATED_LAYERS,
+    *STOCHASTIC_LAYERS,
+    "Input",
+    "InputLayer",
+    "Softmax",
+    "Activation",
+    "Flatten",
+    "Reshape",
+    "Permute",
+    "LSTM",
+    "GRU",
+    "SimpleRNN",
+    "Bidirectional",
+    "TimeDistributed",
+    "Embedding",
+    "Concatenate",
+    "Add",
+    "Multiply",
+    "LayerNormalization",
+    "MaxPooling1D",
+    "MaxPooling2D",
+    "MaxPooling3D",
+    "AveragePooling1D",
+    "AveragePooling2D",
+    "AveragePooling3D",
+    "GlobalAveragePooling1D",
+    "GlobalAveragePooling2D",
+    "GlobalMaxPooling1D",
+    "GlobalMaxPooling2D",
+    "ZeroPadding2D",
+    "UpSampling2D",
+}
+STAR_MODULES = {
+    "tensorflow.keras.layers": STAR_LAYERS,
+    "keras.layers": STAR_LAYERS,
+    "tensorflow.keras.models": {"Model", "Sequential"},
+    "keras.models": {"Model", "Sequential"},
+}
+_BOUND: weakref.WeakKeyDictionary[Facts, set[str]] = weakref.WeakKeyDictionary()
+
+
+def _star_qualname(facts: Facts, name: str) -> str | None:
+    """`tensorflow.keras.layers.Dense` for a bare `Dense` that only a star import of a Keras
+    module can bind: the file binds no `Dense` itself, and every star import it makes is of a
+    Keras or TensorFlow module (an unread module's star import could bind any name), with
+    exactly one of them binding the name."""
+    if not facts.star_modules or any(
+        not (m == "keras" or m.startswith(("keras.", "tensorflow"))) for m in facts.star_modules
+    ):
+        return None
+    owners = {m for m in facts.star_modules if name in STAR_MODULES.get(m, ())}
+    if len(owners) != 1 or name in _bound_names(facts):
+        return None
+    return f"{owners.pop()}.{name}"
+
+
+def _bound_names(facts: Facts) -> set[str]:
+    # Every name the file binds anywhere (assignment, loop target, def, class, parameter,
+    # import, `global`): a bare name among them may not be the star-imported one.
+    if facts not in _BOUND:
+        bound: set[str] = set(facts.imports)
+        for node in ast.walk(facts.tree):
+            if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+                bound.add(node.id)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                bound.add(node.name)
+            elif isinstance(node, ast.arg):
+                bound.add(node.arg)
+            elif isinstance(node, (ast.Global, ast.Nonlocal)):
+                bound.update(node.names)
+            elif isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name:
+                bound.add(node.name)
+        _BOUND[facts] = bound
+    return _BOUND[facts]
 
 
 def _strip_src(path: str) -> str:

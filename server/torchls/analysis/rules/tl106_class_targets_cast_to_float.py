@@ -100,7 +100,8 @@ def class_targets_cast_to_float(facts: Facts) -> Iterator[Hit]:
     Integer class-index targets converted with `.float()`, `.double()`, `.half()` or
     `.to(torch.float32)` right before `CrossEntropyLoss` / `NLLLoss`, also when the targets
     are batched with `torch.stack` first, and when the loss is a lambda kept on `self` in the
-    arm of an `if self.task == ...` chain that the call sits under the same test of.
+    arm of an `if self.task == ...` chain that the call sits under the same test of, and
+    when the cast targets are handed to an in-file helper that applies the loss to them.
 
     ## Why it is wrong
     With a float target, `CrossEntropyLoss` switches to its soft-label mode and expects a
@@ -116,26 +117,52 @@ def class_targets_cast_to_float(facts: Facts) -> Iterator[Hit]:
     ## Fix
     Drop the cast, or use `.long()`. The fix replaces the cast with `.long()`.
     """
+    seen: set[ast.Call] = set()
     for loss_call in facts.loss_calls:
         if loss_call.loss not in ("CrossEntropyLoss", "NLLLoss") or loss_call.target is None:
             continue
-        target = loss_call.target
-        cast = float_cast(facts, target)
-        if cast is None and isinstance(target, ast.Name):
-            assignment = facts.reaching_assignment(target)
-            if assignment is not None and assignment.index is None and assignment.loop is None:
-                cast = float_cast(facts, assignment.value) if assignment.value else None
-        if cast is None or not is_class_index_source(facts, facts.receiver(cast)):  # type: ignore[arg-type]
-            continue
-        receiver = facts.receiver(cast)
-        fix = Fix(
-            "safe",
-            "Keep class indices as int64 (`.long()`)",
-            (replace_node(facts, cast, f"{facts.source.segment(receiver)}.long()"),),  # type: ignore[arg-type]
-        )
-        yield Hit(
-            cast,
-            f"class-index target `{_short(facts, receiver)}` is cast to float before "
-            f"{loss_call.loss}; class indices must stay int64",
-            fix,
-        )
+        for cast in _target_casts(facts, loss_call.target):
+            if cast in seen:
+                continue
+            seen.add(cast)
+            yield _hit(facts, cast, loss_call.loss)
+
+
+def _target_casts(facts: Facts, target: ast.expr) -> list[ast.Call]:
+    """The float casts of class indices that reach the loss as `target`: the target itself,
+    what the name was last assigned, or, when the target is a parameter of the helper that
+    applies the loss (`compute_loss(criterion, out, y)`), the cast argument a call site in
+    this file passes for it."""
+    cast = _cast_of(facts, target)
+    if cast is not None:
+        return [cast]
+    if not isinstance(target, ast.Name) or facts.reaching_assignment(target) is not None:
+        return []
+    arguments = facts.parameter_arguments(target) or []
+    return [c for c in (_cast_of(facts, a) for a in arguments) if c is not None]
+
+
+def _cast_of(facts: Facts, target: ast.expr) -> ast.Call | None:
+    cast = float_cast(facts, target)
+    if cast is None and isinstance(target, ast.Name):
+        assignment = facts.reaching_assignment(target)
+        if assignment is not None and assignment.index is None and assignment.loop is None:
+            cast = float_cast(facts, assignment.value) if assignment.value else None
+    if cast is None or not is_class_index_source(facts, facts.receiver(cast)):  # type: ignore[arg-type]
+        return None
+    return cast
+
+
+def _hit(facts: Facts, cast: ast.Call, loss: str) -> Hit:
+    receiver = facts.receiver(cast)
+    fix = Fix(
+        "safe",
+        "Keep class indices as int64 (`.long()`)",
+        (replace_node(facts, cast, f"{facts.source.segment(receiver)}.long()"),),  # type: ignore[arg-type]
+    )
+    return Hit(
+        cast,
+        f"class-index target `{_short(facts, receiver)}` is cast to float before "
+        f"{loss}; class indices must stay int64",
+        fix,
+    )
