@@ -11,9 +11,9 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from torchls.analysis.facts import MAX_DEPTH, Facts
+from torchls.analysis.facts import MAX_DEPTH, Facts, Origin
 from torchls.analysis.findings import Fix
-from torchls.analysis.registry import Hit, rule
+from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._edits import insert_at
 
 COLUMN = "[N, 1]"
@@ -91,17 +91,25 @@ def _method_shape(
     return None
 
 
+@exemption("TL105", "neg_matching_shapes.py")
+def _reshaped_after_layer(facts: Facts, origin: Origin) -> bool:
+    """A shape-changing step runs between the traced layer and the value
+    (`self.head(h).squeeze(-1)` in `forward`): the `Linear(_, 1)` output is not what the loss
+    compares, so its `[N, 1]` shape says nothing."""
+    return any(
+        isinstance(step, ast.Call) and facts.method_name(step) in SHAPE_CHANGING
+        for step in origin.via
+    )
+
+
 def _module_output_shape(facts: Facts, call: ast.Call, depth: int) -> str | None:
     """`model(x)` whose output is a `Linear(_, 1)` (directly, as a Sequential's last layer, or
     as every return of an in-file module's forward)."""
     shapes = set()
     for origin in facts.origins(call):
         node = origin.node
-        if any(
-            isinstance(step, ast.Call) and facts.method_name(step) in SHAPE_CHANGING
-            for step in origin.via
-        ):
-            shapes.add(None)  # `self.fc(x).squeeze(-1)`: the traced layer is not the output
+        if _reshaped_after_layer(facts, origin):
+            shapes.add(None)
         elif origin.module_output and isinstance(node, ast.Call):
             if facts.owner(origin).short_name(node) == "Linear":
                 out_features = node.args[1] if len(node.args) > 1 else None
