@@ -15,10 +15,12 @@ from torchls.analysis.objects import ObjectModel
 from torchls.analysis.queries.vocabulary import (
     PASS_THROUGH_FUNCTIONS,
     PASS_THROUGH_METHODS,
+    Assignment,
     LossCall,
     ObjectKind,
     parameter_default,
 )
+from torchls.analysis.registry import exemption
 from torchls.records import record
 
 if TYPE_CHECKING:
@@ -185,9 +187,31 @@ def held_functional_loss(facts: Facts, func: ast.expr) -> tuple[str, str, str] |
     if name is None:
         return None
     given = (_argument(body, 0, "input"), _argument(body, 1, "target"))
-    if not all(isinstance(g, ast.Name) and g.id == p for g, p in zip(given, params, strict=False)):
-        return None  # the lambda changes the input or the target before the loss sees it
+    if _lambda_changes_arguments(given, params):
+        return None
     return name, params[0], params[1]
+
+
+@exemption("TL101", "neg_ctc_or_cross_entropy.py")
+def _kinds_differ_by_path(facts: Facts, bindings: list[Assignment]) -> bool:
+    """The loss name is bound to losses of different kinds on different paths (`CTCLoss()` in
+    one branch, `CrossEntropyLoss()` in the other): which contract applies depends on the path."""
+    if len(bindings) < 2:
+        return False
+    kinds = {
+        (found.kind, found.detail) if found is not None else None
+        for found in (facts.kind_of(b.value) for b in bindings if b.value is not None)
+    }
+    return len(kinds) > 1
+
+
+def _lambda_changes_arguments(given: tuple[ast.expr | None, ...], params: list[str]) -> bool:
+    """The lambda kept as the loss changes its input or target before the loss sees it
+    (`lambda p, y: F.binary_cross_entropy_with_logits(torch.logit(p), y)`): its input is
+    not the loss's."""
+    return not all(
+        isinstance(g, ast.Name) and g.id == p for g, p in zip(given, params, strict=False)
+    )
 
 
 def _setting_test(facts: Facts, test: ast.expr) -> tuple[str, object] | None:
@@ -367,13 +391,8 @@ def _loss_object_kind(facts: Facts, func: ast.expr, depth: int = 0) -> ObjectKin
         return kind  # neither a loss with several definitions nor a parameter (fast path)
     scope = facts.scope(func)
     bindings = facts.assignments_of(func.id, scope) or facts.assignments_of(func.id, facts.tree)
-    if kind is not None and not kind.by_name and len(bindings) > 1:
-        kinds = {
-            (found.kind, found.detail) if found is not None else None
-            for found in (facts.kind_of(b.value) for b in bindings if b.value is not None)
-        }
-        if len(kinds) > 1:
-            return None
+    if kind is not None and not kind.by_name and _kinds_differ_by_path(facts, bindings):
+        return None
     if kind is not None and not kind.by_name:
         return kind
     rebound = any(b.value is not None or b.loop is not None for b in bindings)

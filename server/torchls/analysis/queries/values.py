@@ -30,6 +30,7 @@ from torchls.analysis.queries.vocabulary import (
     Origin,
     argument_at,
 )
+from torchls.analysis.registry import exemption
 from torchls.records import replace
 
 if TYPE_CHECKING:
@@ -415,7 +416,7 @@ class ValueQueries(IndexQueries):
         instance = self._module_instance(call, bound)
         if instance is not None:
             out = self._bind_forward_parameters(call, depth, via, out, *instance)
-            kept = [o for o in out if not self._ruled_out_by_flags(o, *instance)]
+            kept = [o for o in out if not _arm_off_at_construction(self, o, *instance)]
             out = kept or out
         return out
 
@@ -505,28 +506,6 @@ class ValueQueries(IndexQueries):
                     value = None
                 found.setdefault(node.attr, []).append((node, value))
         return found
-
-    def _ruled_out_by_flags(
-        self, origin: Origin, owner: Facts, info: ClassInfo, constructor: ast.Call
-    ) -> bool:
-        """`origin` sits in an arm of an `if self.flag:` in the class's own methods that
-        the construction `constructor` never takes: the flag is stored from a constructor
-        parameter that this call leaves at its constant default or sets to a constant
-        (`if self.use_softmax: out = F.softmax(out)` with `LMF(...)` built with the default
-        `use_softmax=False`)."""
-        if origin.branch is None or (origin.facts or self) is not owner:
-            return False
-        child: ast.AST = origin.branch
-        current = owner.parents.get(child)
-        while current is not None and current is not info.node:
-            if isinstance(current, ast.If):
-                value = owner._flag_at_construction(current.test, info, constructor)
-                if value is not None:
-                    in_body = any(owner.is_inside(child, stmt) for stmt in current.body)
-                    if in_body != value:
-                        return True
-            child, current = current, owner.parents.get(current)
-        return False
 
     def _flag_at_construction(
         self, test: ast.expr, info: ClassInfo, constructor: ast.Call
@@ -971,6 +950,28 @@ class ValueQueries(IndexQueries):
         if not isinstance(func, (ast.Name, ast.Attribute)) or not self.is_kind(func, "model"):
             return False
         return not self.constructs_module(call)
+
+
+@exemption("TL101", "neg_softmax_behind_constructor_flag.py")
+def _arm_off_at_construction(
+    facts: ValueQueries, origin: Origin, owner: Facts, info: ClassInfo, constructor: ast.Call
+) -> bool:
+    """The activation sits in an arm of an `if self.flag:` in the class's own methods that the
+    construction never takes: the flag comes from a constructor parameter the call leaves at
+    its constant default or sets to a constant (`Fusion(..., with_probs=False)`)."""
+    if origin.branch is None or (origin.facts or facts) is not owner:
+        return False
+    child: ast.AST = origin.branch
+    current = owner.parents.get(child)
+    while current is not None and current is not info.node:
+        if isinstance(current, ast.If):
+            value = owner._flag_at_construction(current.test, info, constructor)
+            if value is not None:
+                in_body = any(owner.is_inside(child, stmt) for stmt in current.body)
+                if in_body != value:
+                    return True
+        child, current = current, owner.parents.get(current)
+    return False
 
 
 def _read_detached(facts: Facts, use: ast.Name) -> bool:
