@@ -205,6 +205,7 @@ def _kinds_differ_by_path(facts: Facts, bindings: list[Assignment]) -> bool:
     return len(kinds) > 1
 
 
+@exemption("TL102", "neg_lambda_loss_turns_probabilities_back.py")
 def _lambda_changes_arguments(given: tuple[ast.expr | None, ...], params: list[str]) -> bool:
     """The lambda kept as the loss changes its input or target before the loss sees it
     (`lambda p, y: F.binary_cross_entropy_with_logits(torch.logit(p), y)`): its input is
