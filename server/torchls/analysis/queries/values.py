@@ -955,6 +955,7 @@ class ValueQueries(IndexQueries):
 @exemption("TL101", "neg_softmax_behind_constructor_flag.py")
 @exemption("TL102", "neg_sigmoid_behind_constructor_flag.py")
 @exemption("TL103", "neg_sigmoid_behind_constructor_flag.py")
+@exemption("TL104", "neg_softmax_behind_constructor_flag.py")
 def _arm_off_at_construction(
     facts: ValueQueries, origin: Origin, owner: Facts, info: ClassInfo, constructor: ast.Call
 ) -> bool:
