@@ -15,6 +15,7 @@ import ast
 from functools import cached_property
 from typing import TYPE_CHECKING, cast
 
+from torchls.analysis.objects import ObjectModel
 from torchls.analysis.queries.index import IndexQueries
 from torchls.analysis.queries.vocabulary import (
     LIBRARY_ROOTS,
@@ -62,8 +63,10 @@ class SummaryQueries(IndexQueries):
         for scope in self.assignments:
             if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
-            if not self.call_sites(scope) and not (
-                scope.name == "__init__" and self._construction_sites(scope)
+            if (
+                not self.call_sites(scope)
+                and not (scope.name == "__init__" and self._construction_sites(scope))
+                and not self._inherited_call_sites(scope)
             ):
                 continue
             args = scope.args
@@ -277,6 +280,7 @@ class SummaryQueries(IndexQueries):
         sites = [(site, isinstance(site.func, ast.Attribute)) for site in self.call_sites(function)]
         if function.name == "__init__":
             sites.extend((site, True) for site in self._construction_sites(function))
+        sites.extend((site, True) for site in self._inherited_call_sites(function))
         if not sites:
             return None
         found: list[ast.expr] = []
@@ -290,6 +294,11 @@ class SummaryQueries(IndexQueries):
                 return None
             found.append(value)
         return found
+
+    def _inherited_call_sites(self, function: FunctionNode) -> list[ast.Call]:
+        """`self.m(...)` in base-class methods a subclass inherits, for the subclass's `m`
+        (the object model's virtual dispatch)."""
+        return cast("Facts", self).get(ObjectModel).inherited_call_sites(function)
 
     def _construction_sites(self, init: FunctionNode) -> list[ast.Call]:
         """`Net(...)` calls in this file for the `__init__` of class `Net`."""
