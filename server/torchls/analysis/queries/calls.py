@@ -103,6 +103,14 @@ class SummaryQueries(IndexQueries):
             if func.id not in self.classes and func.id not in self._project_imports:
                 return self._instance_call(func) if self._may_call_instances else None
         elif isinstance(func, ast.Attribute):
+            if (
+                isinstance(func.value, ast.Name)
+                and func.value.id == "self"
+                and self._may_call_instances
+            ):
+                held = self._held_instance_call(func)
+                if held is not None:
+                    return held
             if func.attr not in self._method_names and not self._project_imports:
                 return None
         else:
@@ -168,6 +176,28 @@ class SummaryQueries(IndexQueries):
         found: tuple[Facts, FunctionNode, bool] | None = None
         for value in values:
             target = self.called_instance_method(value)
+            if target is None or (found is not None and target[1] is not found[1]):
+                return None
+            found = target
+        return found
+
+    def _held_instance_call(self, func: ast.Attribute) -> tuple[Facts, FunctionNode, bool] | None:
+        """`self.loss_fn(out, y)` where every value the class (or its nearest project base
+        class that assigns it, another file included) gives `self.loss_fn` is the
+        construction of one same project class defining `__call__` (`self.loss_fn =
+        LossCompute(...)`), a `None` placeholder aside: that `__call__`. A method of that
+        name is what the call runs instead (the caller checks methods first)."""
+        facts = cast("Facts", self)
+        klass = facts.enclosing_class(func)
+        info = self.classes.get(klass.name) if klass is not None else None
+        if info is None or func.attr in info.methods:
+            return None
+        values = facts.get(ObjectModel).attribute_values(func)
+        found: tuple[Facts, FunctionNode, bool] | None = None
+        for value in values:
+            if isinstance(value.expr, ast.Constant) and value.expr.value is None:
+                continue
+            target = value.facts.called_instance_method(value.expr)
             if target is None or (found is not None and target[1] is not found[1]):
                 return None
             found = target
@@ -277,7 +307,13 @@ class SummaryQueries(IndexQueries):
         return self._parameter_arguments[key]
 
     def _arguments_for(self, function: FunctionNode, param: str) -> list[ast.expr] | None:
-        sites = [(site, isinstance(site.func, ast.Attribute)) for site in self.call_sites(function)]
+        # A call of an object runs its `__call__` bound to it (`compute(out, y)`), whatever
+        # the call's shape.
+        called = function.name == "__call__"
+        sites = [
+            (site, called or isinstance(site.func, ast.Attribute))
+            for site in self.call_sites(function)
+        ]
         if function.name == "__init__":
             sites.extend((site, True) for site in self._construction_sites(function))
         sites.extend((site, True) for site in self._inherited_call_sites(function))
