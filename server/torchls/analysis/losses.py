@@ -24,7 +24,8 @@ from torchls.analysis.registry import exemption
 from torchls.records import record
 
 if TYPE_CHECKING:
-    from torchls.analysis.facts import ClassInfo, Facts
+    from torchls.analysis.facts import Facts
+    from torchls.analysis.queries.vocabulary import FunctionNode
 
 FUNCTIONAL_LOSSES = {
     "cross_entropy": "CrossEntropyLoss",
@@ -140,7 +141,9 @@ def loss_kind_of_call(facts: Facts, call: ast.Call) -> tuple[str, ast.Call | Non
         # Fixes may edit the constructor only when it is in this file.
         same_file = isinstance(kind.node, ast.Call) and facts.owns(kind.node)
         return kind.detail, kind.node if same_file else None
-    if kind is not None and kind.kind in ("loss", "model") and not kind.by_name:
+    if (
+        kind is not None and kind.kind in ("loss", "model") and not kind.by_name
+    ) or _runs_call_method(facts, call):
         wrapped = _wrapped_loss(facts, call)
         if wrapped is not None:
             return wrapped, None
@@ -272,6 +275,16 @@ class WrappedLosses:
         self.by_class: dict[ast.AST, str | None] = {}
 
 
+def _runs_call_method(facts: Facts, call: ast.Call) -> bool:
+    """`call` runs the `__call__` of an object of a project class of another file
+    (`self.loss_fn(out, y)`). In this file, the loss inside that `__call__` is reported
+    itself: its parameter is what the call sites pass."""
+    target = facts.callee(call)
+    return (
+        target is not None and target[1].name == "__call__" and target[2] and target[0] is not facts
+    )
+
+
 def _wrapped_loss(facts: Facts, call: ast.Call) -> str | None:
     """The kind of loss a project loss module applies to its input: its `forward` hands its
     first parameter, unchanged or only reshaped, cast or selected, as the input of losses of
@@ -280,19 +293,26 @@ def _wrapped_loss(facts: Facts, call: ast.Call) -> str | None:
     wrapper does with the loss values afterwards."""
     instance = facts.module_instance(call)
     if instance is None:
-        return None
-    owner, info, _ = instance
+        # A loss object of a project class with `__call__` (`self.loss_fn = FocalLoss()`,
+        # its class maybe in another file): that method is what the call runs.
+        target = facts.callee(call)
+        if target is None or target[1].name != "__call__" or not target[2]:
+            return None
+        owner, method = target[0], target[1]
+    else:
+        owner, info, _ = instance
+        forward = info.methods.get("forward")
+        if forward is None:
+            return None
+        method = forward
     cache = owner.get(WrappedLosses).by_class
-    if info.node in cache:
-        return cache[info.node]
-    found = cache[info.node] = _forward_loss_of_input(owner, info)
+    if method in cache:
+        return cache[method]
+    found = cache[method] = _forward_loss_of_input(owner, method)
     return found
 
 
-def _forward_loss_of_input(owner: Facts, info: ClassInfo) -> str | None:
-    forward = info.methods.get("forward")
-    if forward is None:
-        return None
+def _forward_loss_of_input(owner: Facts, forward: FunctionNode) -> str | None:
     params = [a.arg for a in [*forward.args.posonlyargs, *forward.args.args]][1:]
     if not params:
         return None

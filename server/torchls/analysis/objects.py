@@ -16,6 +16,9 @@ object, the definition a method call runs, and the kind of a value computed in i
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from torchls.analysis.queries.vocabulary import MAX_DEPTH, ClassInfo, FunctionNode, ObjectKind
@@ -57,6 +60,12 @@ class ObjectModel:
         # question about such a node (`schedule_design(facts, constructor)`) is answered in
         # that file's terms.
         self._owners: dict[int, Facts] = {}
+        self._inherited_sites: dict[int, list[ast.Call]] = {}
+        self._subclasses: dict[int, list[ClassRef]] = {}
+        # The class of the object a question follows values of, while it follows them
+        # from a subclass's method into the base-class method that calls it
+        # (`dispatching_as`): `self.m()` there runs what that class finds for `m`.
+        self._dispatch: list[ClassRef] = []
 
     def owner_of(self, node: ast.AST) -> Facts:
         """The facts of the file `node` is in: another file's when this model found it there,
@@ -169,6 +178,10 @@ class ObjectModel:
         method = self.facts.scope(node)
         if ref is None or method is ref.info.node or not hasattr(method, "args"):
             return []
+        if self._dispatch:
+            dispatched = self._dispatched_definition(ref, name)
+            if dispatched is not None:
+                return dispatched
         caller = method.name  # type: ignore[union-attr]
         if ref.info.methods.get(caller) is not method:
             return []
@@ -187,11 +200,12 @@ class ObjectModel:
         )
         found: list[tuple[ClassRef, FunctionNode]] = []
         seen: set[int] = set()
-        for info in self.facts.classes.values():
-            if info.node is ref.info.node:
+        for candidate in self._subclass_candidates(ref):
+            if candidate.info.node is ref.info.node:
                 continue
-            chain = self.lineage(ClassRef(self.facts, info))
-            below = next((i for i, c in enumerate(chain) if c.info.node is ref.info.node), None)
+            owner = candidate.facts.get(ObjectModel) if candidate.facts is not self.facts else self
+            chain = owner.lineage(candidate)
+            below = next((i for i, c in enumerate(chain) if _same_class(c, ref)), None)
             if below is None:
                 continue
             between = chain[:below]
@@ -210,6 +224,106 @@ class ObjectModel:
                 continue
             seen.add(id(runs.info.methods[name]))
             found.append((runs, runs.info.methods[name]))
+        return found
+
+    def _subclass_candidates(self, ref: ClassRef) -> list[ClassRef]:
+        """The classes that may derive from `ref` (a class of this file): this file's, then
+        those of the project's other files that derive from it (`subclasses_elsewhere`,
+        asked once per class, and only where other files may be read)."""
+        key = id(ref.info.node)
+        if key in self._subclasses:
+            return self._subclasses[key]
+        found = [ClassRef(self.facts, info) for info in self.facts.classes.values()]
+        workspace = self.facts.workspace
+        if workspace is not None and getattr(workspace, "complete", True):
+            project = getattr(workspace, "workspace", workspace)
+            elsewhere = project.subclasses_elsewhere(self.facts, ref.info.node)  # type: ignore[union-attr]
+            for other, name in elsewhere:
+                info = other.classes.get(name)
+                if info is not None:
+                    found.append(ClassRef(other, info))
+        self._subclasses[key] = found
+        return found
+
+    def _dispatched_definition(
+        self, ref: ClassRef, name: str
+    ) -> list[tuple[ClassRef, FunctionNode]] | None:
+        """Under `dispatching_as(S)` with `S` a subclass of `ref`: the definition of `name`
+        `S` finds below `ref` (none when it inherits `ref`'s); None when `S` is no subclass."""
+        chain = self.lineage(self._dispatch[-1])
+        below = next((i for i, c in enumerate(chain) if _same_class(c, ref)), None)
+        if below is None:
+            return None
+        runs = next((c for c in chain[:below] if name in c.info.methods), None)
+        return [(runs, runs.info.methods[name])] if runs is not None else []
+
+    @contextmanager
+    def dispatching_as(self, ref: ClassRef) -> Iterator[None]:
+        """Follow values as they are on an object of class `ref` (see `_dispatch`)."""
+        self._dispatch.append(ref)
+        try:
+            yield
+        finally:
+            self._dispatch.pop()
+
+    def parameter_dispatch(self, function: FunctionNode) -> ClassRef | None:
+        """The class of the method `function` when base-class methods it inherits call it
+        (`inherited_call_sites`): its parameters' arguments there are computed on an object
+        of that class."""
+        if not self.inherited_call_sites(function):
+            return None
+        klass = self.facts.parents.get(function)
+        info = self.facts.classes.get(klass.name) if isinstance(klass, ast.ClassDef) else None
+        return ClassRef(self.facts, info) if info is not None else None
+
+    def dispatched_only(self, origins: list, ref: ClassRef) -> list:
+        """Of origins found on an object of class `ref`, those of the paths it runs: an
+        origin tagged with a class (a `self.m()` body, see `dispatched_returns`) is kept when
+        that class is the nearest to `ref`, in its lineage, among the classes tagged."""
+        chain = [c.info.node for c in self.lineage(ref)]
+        tagged = {id(o.branch) for o in origins if isinstance(o.branch, ast.ClassDef)}
+        if not tagged:
+            return origins
+        nearest = next((node for node in chain if id(node) in tagged), None)
+        return [o for o in origins if not isinstance(o.branch, ast.ClassDef) or o.branch is nearest]
+
+    def inherited_call_sites(self, function: FunctionNode) -> list[ast.Call]:
+        """Virtual dispatch seen from the override: for a method `m` of a class `S` of this
+        file, the calls `self.m(...)` in the methods `S` inherits from its project base
+        classes in this file (`train_step` of the base calling `self.loss_of(...)`, which on
+        an `S` object runs `S.loss_of`). A base method `S` (or a class between) overrides
+        never runs on `S` and is left out."""
+        key = id(function)
+        if key not in self._inherited_sites:
+            self._inherited_sites[key] = self._inherited_call_sites(function)
+        return self._inherited_sites[key]
+
+    def _inherited_call_sites(self, function: FunctionNode) -> list[ast.Call]:
+        klass = self.facts.parents.get(function)
+        if not isinstance(klass, ast.ClassDef) or not any(
+            isinstance(base, ast.Name) and base.id in self.facts.classes for base in klass.bases
+        ):
+            return []  # no base class of this file: the cheap common case
+        info = self.facts.classes.get(klass.name)
+        if info is None or info.methods.get(function.name) is not function:
+            return []
+        chain = self.lineage(ClassRef(self.facts, info))
+        found: list[ast.Call] = []
+        for index, base in enumerate(chain[1:], start=1):
+            if base.facts is not self.facts:
+                continue
+            defined_between = {name for c in chain[:index] for name in c.info.methods}
+            for name, method in base.info.methods.items():
+                if name in defined_between:
+                    continue
+                for call in self.facts.calls_in(method):
+                    func = call.func
+                    if (
+                        isinstance(func, ast.Attribute)
+                        and func.attr == function.name
+                        and _on_self(func)
+                    ):
+                        found.append(call)
         return found
 
     def _only_a_receiver(self, attribute: ast.Attribute) -> bool:
@@ -309,6 +423,44 @@ class ObjectModel:
             found.append(Value(owner, returned.elts[index]))
         return self.note(found)
 
+    def dispatched_returns(
+        self, call: ast.Call
+    ) -> list[tuple[Facts, ast.expr, ast.ClassDef | None]] | None:
+        """What `self.m(...)` (`self(...)`, `self.forward(...)`: `forward`) may return, with
+        the class each return belongs to when subclasses of this file override `m` (virtual
+        dispatch: the base's own definition is the base class's path, each override its
+        subclass's path); the class is None when no subclass overrides `m`. None when the
+        call is no `self` method call or its definition is not known."""
+        func = call.func
+        if isinstance(func, ast.Name) and func.id == "self":
+            name = "forward"
+        elif isinstance(func, ast.Attribute) and _on_self(func):
+            name = func.attr
+        else:
+            return None
+        ref = self.enclosing_class(call)
+        if ref is None:
+            return None
+        own = next(
+            ((c.facts, c.info.methods[name]) for c in self.lineage(ref) if name in c.info.methods),
+            None,
+        )
+        if own is None:
+            return None
+        overrides = self.overrides_in_subclasses(call, name)
+        bodies = [(own[0], own[1], ref.info.node if overrides else None)]
+        bodies.extend((o.facts, function, o.info.node) for o, function in overrides)
+        found = [
+            (facts, node.value, klass)
+            for facts, function, klass in bodies
+            for node in facts.walk_local(function)
+            if isinstance(node, ast.Return) and node.value is not None
+        ]
+        for facts, expr, _ in found:
+            if facts is not self.facts:
+                self._owners[id(expr)] = facts
+        return found or None
+
     def _returns_of(self, call: ast.Call) -> list[tuple[Facts, ast.expr]] | None:
         plain = self.facts.function_returns(call)
         if plain is not None:
@@ -397,6 +549,20 @@ def _kind_in_own_file(value: Value) -> ObjectKind | None:
     if kind is None or kind.node is None:
         return None
     return kind
+
+
+def _same_class(one: ClassRef, other: ClassRef) -> bool:
+    """The same class, also when one of them was reached through another file's facts."""
+    if one.info.node is other.info.node:
+        return True
+    return (
+        one.info.node.name == other.info.node.name
+        and one.info.node.lineno == other.info.node.lineno
+        and (
+            one.facts.filename == other.facts.filename
+            or Path(one.facts.filename).resolve() == Path(other.facts.filename).resolve()
+        )
+    )
 
 
 def _on_self(expr: ast.Attribute) -> bool:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from torchls.analysis.hashing import content_digest
 from torchls.analysis.index import ProjectIndex
-from torchls.analysis.objects import ObjectModel
+from torchls.analysis.objects import ClassRef, ObjectModel
 from torchls.analysis.queries.vocabulary import LIBRARY_ROOTS
 from torchls.records import record
 
@@ -349,6 +349,51 @@ class Workspace:
                     and target[1].lineno == function.lineno
                 ):
                     found.append((other, call))
+        return found
+
+    def subclasses_elsewhere(self, facts: Facts, klass: ast.ClassDef) -> list[tuple[Facts, str]]:
+        """The classes, in the other files of the project, that have the class `klass` of
+        `facts`'s file among their project bases (directly or through other classes): each
+        as (facts of its file, class name). Empty when the project cannot be searched (as
+        `calls_elsewhere`). Every module searched is recorded as something `facts`'s file
+        depends on: a file that gains or loses such a subclass changes what may be said."""
+        if self.root is None or facts.filename.startswith("<"):
+            return []
+        modules = self.index.module_paths()
+        if modules is None:
+            return []
+        paths = [path for entries in modules.values() for _, path in entries]
+        if len(paths) > CALLER_SEARCH_LIMIT:
+            return []
+        own = self.real_path(facts.filename)
+        tail = own.parent.name if own.name == "__init__.py" else own.stem
+        found: list[tuple[Facts, str]] = []
+        for path in paths:
+            path = self.real_path(path)
+            if path == own:
+                continue
+            with self._lock:
+                self._dependents.setdefault(path, set()).add(own)
+            text = self.text_of(path)
+            # A subclass's file names the base and the module it imports it from (a class
+            # deriving from a subclass defined in a third file is not looked for).
+            if text is None or klass.name not in text or tail not in text:
+                continue
+            other = self.facts_for(path)
+            if other is None:
+                continue
+            model = other.get(ObjectModel)
+            for info in other.classes.values():
+                if not info.node.bases:
+                    continue
+                for ref in model.lineage(ClassRef(other, info))[1:]:
+                    if (
+                        ref.info.node.name == klass.name
+                        and ref.info.node.lineno == klass.lineno
+                        and self.real_path(ref.facts.filename) == own
+                    ):
+                        found.append((other, info.node.name))
+                        break
         return found
 
     def dependents_of(self, path: str | Path) -> set[Path]:

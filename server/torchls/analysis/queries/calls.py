@@ -15,6 +15,7 @@ import ast
 from functools import cached_property
 from typing import TYPE_CHECKING, cast
 
+from torchls.analysis.objects import ObjectModel
 from torchls.analysis.queries.index import IndexQueries
 from torchls.analysis.queries.vocabulary import (
     LIBRARY_ROOTS,
@@ -62,8 +63,10 @@ class SummaryQueries(IndexQueries):
         for scope in self.assignments:
             if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
-            if not self.call_sites(scope) and not (
-                scope.name == "__init__" and self._construction_sites(scope)
+            if (
+                not self.call_sites(scope)
+                and not (scope.name == "__init__" and self._construction_sites(scope))
+                and not self._inherited_call_sites(scope)
             ):
                 continue
             args = scope.args
@@ -100,6 +103,14 @@ class SummaryQueries(IndexQueries):
             if func.id not in self.classes and func.id not in self._project_imports:
                 return self._instance_call(func) if self._may_call_instances else None
         elif isinstance(func, ast.Attribute):
+            if (
+                isinstance(func.value, ast.Name)
+                and func.value.id == "self"
+                and self._may_call_instances
+            ):
+                held = self._held_instance_call(func)
+                if held is not None:
+                    return held
             if func.attr not in self._method_names and not self._project_imports:
                 return None
         else:
@@ -165,6 +176,28 @@ class SummaryQueries(IndexQueries):
         found: tuple[Facts, FunctionNode, bool] | None = None
         for value in values:
             target = self.called_instance_method(value)
+            if target is None or (found is not None and target[1] is not found[1]):
+                return None
+            found = target
+        return found
+
+    def _held_instance_call(self, func: ast.Attribute) -> tuple[Facts, FunctionNode, bool] | None:
+        """`self.loss_fn(out, y)` where every value the class (or its nearest project base
+        class that assigns it, another file included) gives `self.loss_fn` is the
+        construction of one same project class defining `__call__` (`self.loss_fn =
+        LossCompute(...)`), a `None` placeholder aside: that `__call__`. A method of that
+        name is what the call runs instead (the caller checks methods first)."""
+        facts = cast("Facts", self)
+        klass = facts.enclosing_class(func)
+        info = self.classes.get(klass.name) if klass is not None else None
+        if info is None or func.attr in info.methods:
+            return None
+        values = facts.get(ObjectModel).attribute_values(func)
+        found: tuple[Facts, FunctionNode, bool] | None = None
+        for value in values:
+            if isinstance(value.expr, ast.Constant) and value.expr.value is None:
+                continue
+            target = value.facts.called_instance_method(value.expr)
             if target is None or (found is not None and target[1] is not found[1]):
                 return None
             found = target
@@ -274,9 +307,16 @@ class SummaryQueries(IndexQueries):
         return self._parameter_arguments[key]
 
     def _arguments_for(self, function: FunctionNode, param: str) -> list[ast.expr] | None:
-        sites = [(site, isinstance(site.func, ast.Attribute)) for site in self.call_sites(function)]
+        # A call of an object runs its `__call__` bound to it (`compute(out, y)`), whatever
+        # the call's shape.
+        called = function.name == "__call__"
+        sites = [
+            (site, called or isinstance(site.func, ast.Attribute))
+            for site in self.call_sites(function)
+        ]
         if function.name == "__init__":
             sites.extend((site, True) for site in self._construction_sites(function))
+        sites.extend((site, True) for site in self._inherited_call_sites(function))
         if not sites:
             return None
         found: list[ast.expr] = []
@@ -290,6 +330,11 @@ class SummaryQueries(IndexQueries):
                 return None
             found.append(value)
         return found
+
+    def _inherited_call_sites(self, function: FunctionNode) -> list[ast.Call]:
+        """`self.m(...)` in base-class methods a subclass inherits, for the subclass's `m`
+        (the object model's virtual dispatch)."""
+        return cast("Facts", self).get(ObjectModel).inherited_call_sites(function)
 
     def _construction_sites(self, init: FunctionNode) -> list[ast.Call]:
         """`Net(...)` calls in this file for the `__init__` of class `Net`."""

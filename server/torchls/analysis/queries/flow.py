@@ -349,7 +349,14 @@ class FlowQueries(IndexQueries):
                 klass = self.enclosing_class(call)
                 info = self.classes.get(klass.name) if klass else None
                 if info is not None:
-                    return info.methods.get(func.attr)
+                    found = info.methods.get(func.attr)
+                    if found is None and self._call_classes:
+                        # `self.loss_fn(out, y)` of an in-file object with `__call__`.
+                        held = self.held_instance(func)
+                        name = held.func.id if held is not None else None  # type: ignore[attr-defined]
+                        if name in self._call_classes:
+                            return self.classes[name].methods["__call__"]
+                    return found
         if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Attribute):
             # `self.hook.after_step()`: a method of the one in-file object `self.hook` holds.
             held = self.held_instance(func.value)

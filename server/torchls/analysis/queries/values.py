@@ -19,6 +19,7 @@ from torchls.analysis.queries.index import IndexQueries
 from torchls.analysis.queries.tensors import activation_of
 from torchls.analysis.queries.vocabulary import (
     DETACHING_METHODS,
+    JOINING_FUNCTIONS,
     MAX_DEPTH,
     MAX_ORIGIN_STEPS,
     PASS_THROUGH_FUNCTIONS,
@@ -146,7 +147,7 @@ class ValueQueries(IndexQueries):
                 arguments = self.parameter_arguments(expr, unbound=True)
                 if arguments:
                     # A parameter comes from what its call sites pass (every one of them).
-                    return [o for a in arguments for o in self.origins(a, depth + 1, (*via, expr))]
+                    return self._argument_origins(expr, arguments, depth, via)
             if assignment is not None and assignment.loop is not None and depth < MAX_DEPTH:
                 return self._loop_target_origins(expr, assignment, depth, via)
             if assignment is None or assignment.value is None or assignment.loop is not None:
@@ -166,6 +167,9 @@ class ValueQueries(IndexQueries):
                     only = inherited[0]
                     return self._origins_in(only.facts, only.expr, depth, (*via, expr))
             return [Origin(expr, via)]
+        if isinstance(expr, ast.Subscript) and _selects_elements(expr.slice):
+            # `probs[mask == 1]`, `probs[:, :k]`: a selection of the values it is cut from.
+            return self.origins(expr.value, depth, (*via, expr))
         if isinstance(expr, ast.Call):
             method = self.method_name(expr)
             receiver = self.receiver(expr)
@@ -174,10 +178,17 @@ class ValueQueries(IndexQueries):
                 and not isinstance(expr.args[0], ast.Starred)
                 and (self.call_qualname(expr) or "") in PASS_THROUGH_FUNCTIONS
             ):
-                return self.origins(expr.args[0], depth + 1, (*via, expr))  # `torch.squeeze(p)`
+                # A step into the same expression (`torch.squeeze(p)`, `p.view(-1)`, a join)
+                # is no hop: the depth counts names, calls and files followed.
+                return self.origins(expr.args[0], depth, (*via, expr))
+            joined = self._joined_pieces(expr)
+            if joined:
+                # `torch.cat((probs_a, probs_b))`: every value comes from one of the pieces.
+                return [o for piece in joined for o in self.origins(piece, depth, (*via, expr))]
+            if receiver is not None and method in PASS_THROUGH_METHODS:
+                return self.origins(receiver, depth, (*via, expr))
             if receiver is not None and (
-                method in PASS_THROUGH_METHODS
-                or (method == "type" and bool(expr.args or expr.keywords))  # a cast
+                (method == "type" and bool(expr.args or expr.keywords))  # a cast
                 or self.returns_receiver(expr)
             ):
                 return self.origins(receiver, depth + 1, (*via, expr))
@@ -210,6 +221,56 @@ class ValueQueries(IndexQueries):
                 if handed is not None:
                     return handed
         return [Origin(expr, via)]
+
+    def _argument_origins(
+        self, name: ast.Name, arguments: list[ast.expr], depth: int, via: tuple[ast.AST, ...]
+    ) -> list[Origin]:
+        """Origins of what the call sites pass for the parameter `name`; for a method that
+        base-class methods call on `self`, followed as on an object of its class (the
+        base's `self.forward(x)` runs this class's `forward` there)."""
+        model = self.get(ObjectModel)  # type: ignore[attr-defined]
+        function = self.parameter_of(name, unbound=True)
+        dispatch = model.parameter_dispatch(function) if function is not None else None
+        if dispatch is None:
+            return [o for a in arguments for o in self.origins(a, depth + 1, (*via, name))]
+        with model.dispatching_as(dispatch):
+            found = [o for a in arguments for o in self.origins(a, depth + 1, (*via, name))]
+        return model.dispatched_only(found, dispatch)
+
+    def _joined_pieces(self, call: ast.Call) -> list[ast.expr] | None:
+        """The tensors `torch.cat((a, b), dim)` (or `torch.stack`) joins, when they are
+        written out, leaving out an empty start (`torch.tensor([])`, the seed of a tensor
+        grown in a loop: `acc = torch.cat((acc, piece))`); None for any other call."""
+        if not call.args or (self.call_qualname(call) or "") not in JOINING_FUNCTIONS:
+            return None
+        pieces = call.args[0]
+        if not isinstance(pieces, (ast.Tuple, ast.List)) or any(
+            isinstance(piece, ast.Starred) for piece in pieces.elts
+        ):
+            return None
+        kept = [piece for piece in pieces.elts if not self._empty_tensor(piece)]
+        return kept or None
+
+    def _empty_tensor(self, expr: ast.expr) -> bool:
+        """`torch.tensor([])` (also `torch.Tensor([])`, `torch.empty(0)`), directly or as the
+        one value a local name reaching here holds."""
+        if isinstance(expr, ast.Name):
+            assignment = self.reaching_assignment(expr)
+            if assignment is None or assignment.index is not None or assignment.loop is not None:
+                return False
+            expr = assignment.value  # type: ignore[assignment]
+        if not isinstance(expr, ast.Call) or not expr.args:
+            return False
+        name = self.call_qualname(expr) or ""
+        first = expr.args[0]
+        if name in ("torch.tensor", "torch.Tensor"):
+            return isinstance(first, (ast.List, ast.Tuple)) and not first.elts
+        return (
+            name in ("torch.empty", "torch.zeros")
+            and len(expr.args) == 1
+            and isinstance(first, ast.Constant)
+            and first.value == 0
+        )
 
     def _forward_as_call(self, call: ast.Call) -> ast.Call | None:
         """`model.forward(x)` written as the call `model(x)` it stands for (hooks aside), so
@@ -373,6 +434,18 @@ class ValueQueries(IndexQueries):
                         )
                     else:
                         out.append(Origin(value, via))
+                return out
+            dispatched = self.get(ObjectModel).dispatched_returns(value)  # type: ignore[attr-defined]
+            if dispatched is not None and depth < MAX_DEPTH:
+                # `pred, aux = self.forward(x)` in a base class's method: each class's own
+                # definition is a path of its own (virtual dispatch).
+                out = []
+                for owner, returned, klass in dispatched:
+                    if isinstance(returned, ast.Tuple) and index < len(returned.elts):
+                        inner = self._origins_in(owner, returned.elts[index], depth, (*via, value))
+                    else:
+                        inner = [Origin(value, via)]
+                    out.extend(_in_branch(inner, klass) if klass is not None else inner)
                 return out
         return [Origin(value, via)]
 
@@ -986,6 +1059,20 @@ def _read_detached(facts: Facts, use: ast.Name) -> bool:
         return True
     call = facts.parents.get(parent)
     return parent.attr == "detach" and isinstance(call, ast.Call) and call.func is parent
+
+
+def _selects_elements(index: ast.expr) -> bool:
+    """An index that cuts elements out of a tensor, keeping what they are: a mask
+    (`[mask == 1]`, `[~pad]`) or slices (`[:, :k]`, `[..., 1:]`); never a plain name or
+    constant, which may pick one item of a list, a tuple or a dict."""
+    if isinstance(index, (ast.Compare, ast.Slice, ast.BoolOp)):
+        return True
+    if isinstance(index, ast.UnaryOp) and isinstance(index.op, (ast.Not, ast.Invert)):
+        return True
+    return isinstance(index, ast.Tuple) and any(
+        isinstance(part, ast.Slice) or (isinstance(part, ast.Constant) and part.value is Ellipsis)
+        for part in index.elts
+    )
 
 
 def _in_branch(origins: list[Origin], branch: ast.AST) -> list[Origin]:

@@ -168,6 +168,12 @@ PASS_THROUGH_FUNCTIONS = frozenset(
     )
 )
 
+# Functions whose result is made of the values of the tensors they are handed, side by side:
+# `torch.cat((p, q))` of two softmax outputs is still probabilities.
+JOINING_FUNCTIONS = frozenset(
+    f"torch.{name}" for name in ("cat", "concat", "concatenate", "stack", "hstack", "vstack")
+)
+
 
 @record(frozen=True)
 class ObjectKind:

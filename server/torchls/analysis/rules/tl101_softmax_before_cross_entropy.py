@@ -61,9 +61,17 @@ def softmax_before_cross_entropy(facts: Facts) -> Iterator[Hit]:
     constant, is a path that never runs and is not reported.
 
     A base class's method that runs `self(x)` (or `self.forward(x)`) runs the `forward` of
-    the object's class: a subclass in the same file that keeps that method and what it calls
-    on `self` (the loss included) but whose `forward` ends in a softmax is a path of its own,
-    reported with the line of that class.
+    the object's class: a subclass (in the same file or in another project file that imports
+    the base) that keeps that method and what it calls on `self` (the loss included) but
+    whose `forward` ends in a softmax is a path of its own, reported with the line of that
+    class. A subclass's own override of a method the inherited one calls
+    (`self.head_loss(pred, y)` in the base's training step) gets what that step computes on
+    an object of the subclass: the subclass's `forward` output, also unpacked from a tuple.
+    Softmax outputs joined by `torch.cat` / `torch.stack` (a tensor grown in a loop from
+    `torch.tensor([])` included) or cut by a mask or slices (`p[mask == 1]`, `p[:, :k]`)
+    are still softmax outputs. A loss object of a project class with `__call__` kept on
+    `self` (`self.objective = SmoothedCE(0.1)` in the constructor, its class in this file or
+    another) runs that `__call__`, whose cross-entropy gets what the call passes.
 
     ## Why it is wrong
     Cross-entropy applies `log_softmax` to its input itself. Feeding it probabilities squashes
