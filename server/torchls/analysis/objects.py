@@ -356,11 +356,14 @@ class ObjectModel:
             if not isinstance(built, ast.Call):
                 return None
             target = value.facts.callee(built)
-            if target is None or target[1].name != "__init__":
+            if target is None:
                 return None
             owner, init, _ = target
             klass = owner.parents.get(init)
             info = owner.classes.get(klass.name) if isinstance(klass, ast.ClassDef) else None
+            if info is not None and init.name != "__init__":
+                # `Trainer.create_or_resume(...)`: a classmethod that returns an instance.
+                info = info if _alternative_constructor(owner, init, info.node) else None
             if info is None:
                 return None
             lineage = owner.get(ObjectModel).lineage(ClassRef(owner, info))
@@ -539,6 +542,53 @@ class ObjectModel:
             return None
         kind = kinds.pop()
         return kind
+
+
+def _alternative_constructor(
+    facts: Facts, function: FunctionNode, klass: ast.ClassDef, depth: int = 0
+) -> bool:
+    """`function` is a `@classmethod` of `klass` each of whose returns builds the class
+    (`cls(...)`, `Klass(...)`, another such classmethod: `cls.load(path)`), directly or
+    through a local bound only to such calls."""
+    if depth > 2 or not any(
+        isinstance(d, ast.Name) and d.id == "classmethod" for d in function.decorator_list
+    ):
+        return False
+    first = function.args.args[0].arg if function.args.args else None
+
+    def builds(expr: ast.expr | None) -> bool:
+        if not isinstance(expr, ast.Call):
+            return False
+        func = expr.func
+        if isinstance(func, ast.Name):
+            return func.id in (first, klass.name)
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+            if func.value.id not in (first, klass.name) or func.attr == function.name:
+                return False
+            method = next(
+                (
+                    node
+                    for node in klass.body
+                    if isinstance(node, ast.FunctionDef) and node.name == func.attr
+                ),
+                None,
+            )
+            return method is not None and _alternative_constructor(facts, method, klass, depth + 1)
+        return False
+
+    returns = [node.value for node in facts.walk_local(function) if isinstance(node, ast.Return)]
+    if not returns:
+        return False
+    for returned in returns:
+        if isinstance(returned, ast.Name):
+            bindings = facts.assignments_of(returned.id, function)
+            if not bindings or not all(
+                b.index is None and b.loop is None and builds(b.value) for b in bindings
+            ):
+                return False
+        elif not builds(returned):
+            return False
+    return True
 
 
 def _kind_in_own_file(value: Value) -> ObjectKind | None:

@@ -285,3 +285,99 @@ def scheduler_cadence(facts: Facts, expr: ast.AST | None) -> str | None:
         return None
     designs = {schedule_design(facts, constructor) for constructor in found[1]}
     return designs.pop() if len(designs) == 1 else None
+
+
+def hook_plateaus(facts: Facts, function: ast.AST) -> list[tuple[Facts, ast.Call]]:
+    """The `ReduceLROnPlateau` constructors Lightning may hand to `function`, when it is a
+    LightningModule's `lr_scheduler_step(self, scheduler, metric)` hook: those that the class's
+    `configure_optimizers` returns, itself or through the helper whose result it returns
+    (`return build_optimizers(self.hparams, self.parameters())`), as a `"scheduler"` entry of
+    a dict or in the returned value itself. One is enough: under the configuration that
+    builds it, the hook receives a plateau scheduler."""
+    if not isinstance(function, ast.FunctionDef) or function.name != "lr_scheduler_step":
+        return []
+    owner = facts.enclosing_class(function)
+    if owner is None or facts.module_class(owner.name) is None:
+        return []
+    if not any(base.endswith("LightningModule") for base in _class_chain_bases(facts, owner)):
+        return []
+    configure = next(
+        (
+            node
+            for node in owner.body
+            if isinstance(node, ast.FunctionDef) and node.name == "configure_optimizers"
+        ),
+        None,
+    )
+    if configure is None:
+        return []
+    found: list[tuple[Facts, ast.Call]] = []
+    for where, builder in _returning_functions(facts, configure):
+        found.extend((where, call) for call in _returned_plateaus(where, builder))
+    return found
+
+
+def _class_chain_bases(facts: Facts, node: ast.ClassDef, depth: int = 0) -> list[str]:
+    """The qualified bases of the in-file class `node` and of its in-file bases."""
+    info = facts.classes.get(node.name)
+    if info is None or depth > 4:
+        return []
+    bases = list(info.bases)
+    for base in info.bases:
+        if base in facts.classes and facts.classes[base].node is not node:
+            bases.extend(_class_chain_bases(facts, facts.classes[base].node, depth + 1))
+    return bases
+
+
+def _returning_functions(facts: Facts, function: ast.FunctionDef) -> list[tuple[Facts, ast.AST]]:
+    """`function`, and the project functions whose call one of its `return`s hands back."""
+    found: list[tuple[Facts, ast.AST]] = [(facts, function)]
+    for node in ast.walk(function):
+        if isinstance(node, ast.Return) and isinstance(node.value, ast.Call):
+            target = facts.callee(node.value)
+            if target is not None and not target[2]:
+                found.append((target[0], target[1]))
+    return found
+
+
+def _returned_plateaus(facts: Facts, function: ast.AST) -> list[ast.Call]:
+    """Plateau constructors in `function` that reach what it returns: a `"scheduler"` dict
+    entry, or the returned expression, holding the constructor or a local bound to it."""
+    bound: dict[str, list[ast.Call]] = {}
+    plateaus: list[ast.Call] = []
+    for node in ast.walk(function):
+        if isinstance(node, ast.Call) and _is_plateau(facts, node):
+            plateaus.append(node)
+            parent = facts.parents.get(node)
+            if isinstance(parent, ast.Assign) and len(parent.targets) == 1:
+                target = parent.targets[0]
+                if isinstance(target, ast.Name):
+                    bound.setdefault(target.id, []).append(node)
+
+    def held(expr: ast.AST | None) -> list[ast.Call]:
+        if isinstance(expr, ast.Call) and expr in plateaus:
+            return [expr]
+        if isinstance(expr, ast.Name):
+            return bound.get(expr.id, [])
+        return []
+
+    found: list[ast.Call] = []
+    for node in ast.walk(function):
+        if isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values, strict=True):
+                if isinstance(key, ast.Constant) and key.value == "scheduler":
+                    found.extend(held(value))
+        elif isinstance(node, ast.Return) and node.value is not None:
+            for part in ast.walk(node.value):
+                found.extend(held(part))
+    return list(dict.fromkeys(found))
+
+
+def _is_plateau(facts: Facts, call: ast.Call) -> bool:
+    kind = facts.kind_of(call)
+    return (
+        kind is not None
+        and kind.kind == "scheduler"
+        and kind.node is call
+        and facts.short_name(call) == "ReduceLROnPlateau"
+    )

@@ -25,7 +25,11 @@ names and flags (no syntax nodes), so it can be cached by the function's text:
 - `collective`: it reaches a `torch.distributed` collective on every rank it runs on (not
   only under a rank check inside it, and not on a sub-group);
 - `returns_graph`: it returns a tensor still attached to the autograd graph it backwards
-  through (a `train_step` returning `loss` rather than `loss.item()`).
+  through (a `train_step` returning `loss` rather than `loss.item()`);
+- `wraps_ddp`: it builds `DistributedDataParallel` (itself or in what it calls) under no
+  condition but `if <param>:` tests, whose parameters are `ddp_switches` (none: always):
+  a call setting one of them to a true constant (`prepare(model, distributed=True)`) puts
+  the run in data-parallel mode for sure.
 
 Callees are followed (in the same file, and through the project index into other files) up to
 `MAX_DEPTH` calls deep, cycles cut. Caching: a summary is memoised per (file facts, function)
@@ -52,6 +56,17 @@ _TEXT_CACHE_LIMIT = 4096
 _text_cache: dict[str, Summary] = {}
 _text_lock = threading.Lock()
 _SAVE = ("torch.save",)
+# What, around a call, makes it run on some passes only (or in another function).
+_CONDITIONAL_OR_NESTED = (
+    ast.IfExp,
+    ast.While,
+    ast.Try,
+    ast.BoolOp,
+    ast.comprehension,
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+    ast.Lambda,
+)
 
 
 @record(frozen=True)
@@ -76,6 +91,21 @@ class Summary:
     collective_switches: frozenset[str] = frozenset()
     falsy_defaults: frozenset[str] = frozenset()
     returns_graph: bool = False
+    wraps_ddp: bool = False
+    ddp_switches: frozenset[str] = frozenset()
+
+    def wraps_ddp_at(self, call: ast.Call, method: bool = False) -> bool:
+        """Calling it as `call` surely builds `DistributedDataParallel`: it always does, or
+        the call sets one of its switches to a true constant."""
+        if not self.wraps_ddp:
+            return False
+        if not self.ddp_switches:
+            return True
+        bound = self.bind(call, method)
+        return any(
+            isinstance(bound.get(name), ast.Constant) and bool(bound[name].value)  # type: ignore[attr-defined]
+            for name in self.ddp_switches
+        )
 
     def reaches_collective(self, call: ast.Call, method: bool = False) -> bool:
         """Whether calling it as `call` reaches a collective: not when every collective is
@@ -316,6 +346,8 @@ class _Summarizer:
         switches: set[str] = set()
         unswitched = False
         backwarded: set[str] = set()
+        ddp_always = False
+        ddp_switches: set[str] = set()
         from torchls.analysis.ranks import COLLECTIVE_QUALNAMES
 
         for call in facts.calls_in(function):
@@ -330,6 +362,13 @@ class _Summarizer:
                 saves_closed &= closed
                 direct_saves += 1
                 continue
+            if qualname.startswith("torch.nn.parallel") and qualname.endswith(
+                "DistributedDataParallel"
+            ):
+                switch = self._plain_switch(call)
+                ddp_always |= switch == ""
+                if switch:
+                    ddp_switches.add(switch)
             if facts.is_backward(call):
                 backwards = True
                 receiver = facts.backward_subject(call)
@@ -371,6 +410,13 @@ class _Summarizer:
             steps |= inner.steps_optimizer
             zeroes |= inner.zeroes_grad
             backwards |= inner.backwards
+            if inner.wraps_ddp:
+                switch = self._plain_switch(call)
+                if switch is not None:
+                    for name in self._ddp_switches_of(inner, call, is_method, switch):
+                        ddp_always |= name == ""
+                        if name:
+                            ddp_switches.add(name)
             reached = inner.reaches_collective(call, is_method)
             if reached and not self._rank_only(call):
                 collective = unswitched = True
@@ -419,6 +465,8 @@ class _Summarizer:
             returns_graph=returns_graph,
             collective_switches=frozenset() if unswitched else frozenset(switches),
             falsy_defaults=self._falsy_defaults(),
+            wraps_ddp=ddp_always or bool(ddp_switches),
+            ddp_switches=frozenset() if ddp_always else frozenset(ddp_switches),
         )
         return summary, self.leaf
 
@@ -431,6 +479,45 @@ class _Summarizer:
                     return current.test.id
             current = self.facts.parents.get(current)
         return None
+
+    def _plain_switch(self, call: ast.Call) -> str | None:
+        """ "" when `call` runs on every pass through this function (no `if`, `while`,
+        conditional expression, `try` or `with` around it), the parameter when its only
+        condition is one plain `if <param>:`, None otherwise."""
+        switch = ""
+        child: ast.AST = call
+        current = self.facts.parents.get(call)
+        while current is not None and current is not self.function:
+            if isinstance(current, ast.If):
+                test = current.test
+                in_body = any(item is child for item in current.body)
+                if switch or not in_body or not isinstance(test, ast.Name):
+                    return None
+                if test.id not in self.all_params or self.param_of(test) is None:
+                    return None
+                switch = test.id
+            elif isinstance(current, _CONDITIONAL_OR_NESTED):
+                return None
+            child, current = current, self.facts.parents.get(current)
+        return switch
+
+    def _ddp_switches_of(
+        self, inner: Summary, call: ast.Call, method: bool, switch: str
+    ) -> list[str]:
+        """How `call` of a callee that wraps in DDP sets its switches, in this function's
+        terms: "" when surely (always, or a switch set to a true constant), a parameter of
+        this function passed on as a switch; `switch` is the call's own condition."""
+        if not inner.ddp_switches:
+            return [switch]
+        bound = inner.bind(call, method)
+        found: list[str] = []
+        for name in inner.ddp_switches:
+            value = bound.get(name)
+            if isinstance(value, ast.Constant) and value.value:
+                found.append(switch)
+            elif isinstance(value, ast.Name) and not switch and self.param_of(value) == value.id:
+                found.append(value.id)
+        return found
 
     def _falsy_defaults(self) -> frozenset[str]:
         args = self.function.args

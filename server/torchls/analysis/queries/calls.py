@@ -133,6 +133,9 @@ class SummaryQueries(IndexQueries):
                 other = self.workspace.module_facts(self, base)
                 if other is not None:
                     return _module_member(other, func.attr)
+                found = self._imported_classmethod(base, func.attr)
+                if found is not None:
+                    return found
         value = self.binding_value(func.value)
         if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
             owner: Facts | None = None
@@ -147,6 +150,22 @@ class SummaryQueries(IndexQueries):
             if owner is not None and info is not None and func.attr in info.methods:
                 return owner, info.methods[func.attr], True
         return None
+
+    def _imported_classmethod(
+        self, name: str, attr: str
+    ) -> tuple[Facts, FunctionNode, bool] | None:
+        """`Trainer.from_checkpoint(...)` on a class imported from another project file:
+        the `@classmethod` it runs (`cls` is bound like a method's receiver)."""
+        definition = cast("Facts", self).definition(name)
+        if definition is None or not isinstance(definition.node, ast.ClassDef):
+            return None
+        info = definition.facts.classes.get(definition.node.name)
+        method = info.methods.get(attr) if info is not None else None
+        if method is None or not any(
+            isinstance(d, ast.Name) and d.id == "classmethod" for d in method.decorator_list
+        ):
+            return None
+        return definition.facts, method, True
 
     @cached_property
     def _may_call_instances(self) -> bool:

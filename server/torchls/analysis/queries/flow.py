@@ -39,6 +39,10 @@ if TYPE_CHECKING:
 # Decorators whose effect on gradients is known (none, or the grad-disabling ones).
 _PLAIN_DECORATORS = frozenset({"staticmethod", "classmethod", "property"})
 _KNOWN_DECORATOR_MODULES = ("torch.", "functools.", "abc.", "typing.", "contextlib.")
+# Experiment and command-line libraries whose decorators (`@ex.main` of a sacred
+# `Experiment`, `@hydra.main`, `@click.command()`, `@app.command()` of a `typer.Typer`) only
+# register the function and inject its arguments: they never touch autograd.
+_REGISTERING_DECORATOR_MODULES = ("sacred.", "hydra.", "click.", "typer.")
 
 # Where walking up from a node stops: its function, lambda, class or module.
 _SCOPE_TYPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.Module)
@@ -158,10 +162,27 @@ class FlowQueries(IndexQueries):
                     qualname = self.qualname(target) or ""
                     if isinstance(target, ast.Name) and target.id in _PLAIN_DECORATORS:
                         continue
-                    if not qualname.startswith(_KNOWN_DECORATOR_MODULES):
+                    if qualname.startswith(_KNOWN_DECORATOR_MODULES):
+                        continue
+                    if not self._registering_decorator(target, qualname):
                         return True
             current = self.parents.get(current)
         return False
+
+    def _registering_decorator(self, target: ast.expr, qualname: str) -> bool:
+        """`target` is a decorator of an experiment or command-line library: the library's
+        own (`hydra.main`), or a method of a module-level object every binding of which that
+        library built (`ex.main` with `ex = Experiment(name)` from sacred)."""
+        if qualname.startswith(_REGISTERING_DECORATOR_MODULES):
+            return True
+        if not isinstance(target, ast.Attribute) or not isinstance(target.value, ast.Name):
+            return False
+        bindings = self.assignments_of(target.value.id, self.tree)
+        return bool(bindings) and all(
+            isinstance(b.value, ast.Call)
+            and (self.call_qualname(b.value) or "").startswith(_REGISTERING_DECORATOR_MODULES)
+            for b in bindings
+        )
 
     def _in_no_grad_block(self, node: ast.AST) -> bool:
         """Inside a `with torch.no_grad():` (or similar) block of its own function."""

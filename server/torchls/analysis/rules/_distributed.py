@@ -2,9 +2,10 @@
 they follow call sites and names.
 
 In: a function node, a file's `Facts`. Out: whether a decorator such as `@rank_zero_only` makes
-it run on rank 0 only (TL801, TL803), `RankExits` (per function, the rank tests that leave it
-early, found once: TL803), and `MAX_DEPTH`, the bound on the callers and bindings TL803 follows
-(TL802's loader tracing, in `_distributed_samplers`, allows twice as many steps).
+it run on rank 0 only (TL801, TL803), `wraps_ddp_through_helper` (a call of a project helper
+that surely wraps the model in DDP: TL803), `RankExits` (per function, the rank tests that
+leave it early, found once: TL803), and `MAX_DEPTH`, the bound on the callers and bindings
+TL803 follows (TL802's loader tracing, in `_distributed_samplers`, allows twice as many steps).
 """
 
 from __future__ import annotations
@@ -57,3 +58,17 @@ class RankExits:
                 and any(isinstance(s, exits) for body in stmt.body for s in ast.walk(body))
             ]
         return found
+
+
+def wraps_ddp_through_helper(facts: Facts) -> bool:
+    """A call here of a project helper that surely wraps the model in DDP: always, or by a
+    switch the call sets to a true constant (`prepare(model, distributed=True)` whose body,
+    or a helper it passes the flag to, runs `if distributed: model = DDP(model)`)."""
+    for call in facts.calls:
+        target = facts.callee(call)
+        if target is None:
+            continue
+        owner, function, method = target
+        if owner.summary(function).wraps_ddp_at(call, method):
+            return True
+    return False

@@ -145,13 +145,25 @@ def _derived_from_target(facts: Facts, loop: ast.For | ast.AsyncFor, call: ast.C
         if (node.lineno, node.col_offset) < (call.lineno, call.col_offset)
         and facts.scope(node) is facts.scope(call)
     ]
+    flows: list[tuple[ast.expr, list[ast.expr]]] = []
+    for node in bindings:
+        if node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            flows.append((node.value, list(targets)))
+    # A nested loop around `call` over what the loop builds (`for batch in batches(split)`
+    # inside `for split in splits`): its target carries the outer loop's data on.
+    flows.extend(
+        (inner.iter, [inner.target])
+        for inner in facts.enclosing_loops(call)
+        if inner is not loop
+        and isinstance(inner, (ast.For, ast.AsyncFor))
+        and facts.is_inside(inner, loop)
+    )
     for _ in range(3):  # a chain of a few assignments is enough
         grown = False
-        for node in bindings:
-            value = node.value
-            if not any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(value)):  # type: ignore[arg-type]
+        for value, targets in flows:
+            if not any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(value)):
                 continue
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
                 for bound in ast.walk(target):
                     if isinstance(bound, ast.Name) and bound.id not in names:

@@ -153,3 +153,32 @@ def tests_only_scheduler(facts: Facts, test: ast.expr, scheduler: ast.expr | Non
             and facts.key(test.args[0]) == key
         )
     return False
+
+
+def plateau_may_reach(facts: Facts, call: ast.Call, function: ast.AST) -> bool:
+    """Every type test of the receiver between `call` and `function` lets a
+    `ReduceLROnPlateau` through: a branch that proves it is one, or the other arm of a test
+    proving another class (`elif` after `isinstance(s, OneCycleLR)`). A type test this
+    cannot read, or of another object, stops it; tests of anything else do not matter."""
+    key = facts.key(facts.receiver(call))
+    if key is None:
+        return False
+    child: ast.AST = call
+    current = facts.parents.get(call)
+    while current is not None and current is not function:
+        if isinstance(current, ast.If) and _tests_a_type(current.test):
+            in_body = any(item is child for item in current.body)
+            test = current.test
+            if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+                test, in_body = test.operand, not in_body
+            proved = _proved(facts, test, key)
+            if proved is None or (proved == "ReduceLROnPlateau") != in_body:
+                return False
+        child, current = current, facts.parents.get(current)
+    return current is function
+
+
+def _tests_a_type(test: ast.expr) -> bool:
+    names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
+    names |= {n.attr for n in ast.walk(test) if isinstance(n, ast.Attribute)}
+    return bool({"isinstance", "type", "ReduceLROnPlateau", "__class__"} & names)

@@ -45,7 +45,9 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
     An evaluation loop that put the model in `eval()` mode but runs it outside
     `torch.no_grad()` / `torch.inference_mode()` (or a function decorated with them). A
     function under a decorator we cannot read (a project's own `@inference_decorator()`)
-    may disable gradients itself and is not reported, nor is a loop that asks autograd for
+    may disable gradients itself and is not reported (an experiment or command-line
+    library's own, such as sacred's `@ex.main` or `@hydra.main`, only registers the
+    function and does not count), nor is a loop that asks autograd for
     gradients itself (an adversarial attack: `torch.autograd.grad`, `requires_grad = True`,
     an attack object from advertorch, torchattacks, foolbox or ART), nor a model whose
     parameters were all frozen before the loop (`model.requires_grad_(False)`, or
@@ -66,7 +68,9 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
     runs the model like `model(...)` and counts as its forward everywhere above. A step
     method that a batch loop calls, which puts the model in `eval()` itself and then runs it
     through a further helper (`self.module_.eval()`, then `self.infer(x)`), is reported at
-    that helper call, when neither the loop nor its function trains directly. A loop that
+    that helper call, when neither the loop nor its function trains directly. A loop over
+    the batches of each item an outer loop iterates (`for split in splits:` then
+    `for batch in batches(split):`) feeds the model what the outer loop iterates. A loop that
     puts the model in `eval()` and hands it, with each fetched batch, to a helper calling a
     method of the model's class (`model.predict_step(x)`, in this file or another) that
     runs the model's own forward (`self(x)`, a few methods down) is reported at the helper

@@ -10,10 +10,11 @@ import ast
 from collections.abc import Iterator
 
 from torchls.analysis.facts import Facts
+from torchls.analysis.findings import Related
 from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._optimization import method_calls, names_in
-from torchls.analysis.rules._optimization_narrowing import narrowed_scheduler
-from torchls.analysis.schedulers import scheduler_type
+from torchls.analysis.rules._optimization_narrowing import narrowed_scheduler, plateau_may_reach
+from torchls.analysis.schedulers import hook_plateaus, scheduler_type
 
 
 @exemption("TL407", "neg_plateau_with_metric.py")
@@ -46,7 +47,12 @@ def plateau_step_without_metric(facts: Facts) -> Iterator[Hit]:
     `scheduler.step()` with no argument where `scheduler` is a `ReduceLROnPlateau`: every
     binding of the name builds one, or the branch the call sits in tests that it is one
     (`isinstance(scheduler, ReduceLROnPlateau)`, or its class name compared as text), as
-    happens when the scheduler's class is chosen at run time.
+    happens when the scheduler's class is chosen at run time. Also a LightningModule's
+    `lr_scheduler_step(self, scheduler, metric)` hook that steps the scheduler it is handed
+    with `step()`, past its own type tests, when `configure_optimizers` (itself or through
+    the helper whose result it returns) builds a `ReduceLROnPlateau` for some option:
+    under that option Lightning hands the hook the plateau scheduler, and the metric the
+    hook receives goes unused.
 
     ## Why it is wrong
     `ReduceLROnPlateau` decides from the value it is given: `step(metrics)` is its required
@@ -70,6 +76,25 @@ def plateau_step_without_metric(facts: Facts) -> Iterator[Hit]:
     for call in method_calls(facts, "step"):
         if _metric_passed(call):
             continue
+        hook = _hook_plateaus(facts, call)
+        if hook:
+            text = facts.source.segment(facts.receiver(call))  # type: ignore[arg-type]
+            yield Hit(
+                call,
+                "`configure_optimizers` may hand this hook a ReduceLROnPlateau: "
+                f"`{text}.step()` needs the monitored metric the hook receives, e.g. "
+                f"`{text}.step(metric)` (without it, it raises TypeError)",
+                None,
+                tuple(
+                    Related(
+                        owner.source.span(built),
+                        "plateau scheduler built here",
+                        owner.filename if owner is not facts else None,
+                    )
+                    for owner, built in hook
+                ),
+            )
+            continue
         text = facts.source.segment(facts.receiver(call))  # type: ignore[arg-type]
         narrowed = narrowed_scheduler(facts, call)
         if narrowed is not None:
@@ -92,3 +117,28 @@ def plateau_step_without_metric(facts: Facts) -> Iterator[Hit]:
             f"`{text}` is a ReduceLROnPlateau: `step()` needs the monitored metric, e.g. "
             f"`{text}.step(val_loss)` (without it, it raises TypeError)",
         )
+
+
+def _hook_plateaus(facts: Facts, call: ast.Call) -> list[tuple[Facts, ast.Call]]:
+    """For `scheduler.step()` in a LightningModule's `lr_scheduler_step(self, scheduler,
+    metric)` on the hook's own `scheduler`, reachable by a plateau scheduler past the hook's
+    type tests: the plateau constructors `configure_optimizers` returns (see
+    `hook_plateaus`)."""
+    function = facts.enclosing_function(call)
+    receiver = facts.receiver(call)
+    if function is None or not isinstance(receiver, ast.Name):
+        return []
+    params = [a.arg for a in function.args.args]
+    if len(params) < 3 or receiver.id != params[1]:
+        return []
+    if any(a.stmt is not function for a in facts.assignments_of(receiver.id, function)):
+        return []  # rebound in the hook: not the scheduler Lightning handed over
+    if not plateau_may_reach(facts, call, function):
+        return []
+    if any(
+        isinstance(n, ast.Name) and n.id == params[2]
+        for branch in facts.conditions_between(call, function)
+        for n in ast.walk(branch.test)
+    ):
+        return []  # `if metric is None: scheduler.step()`: no metric, so no plateau monitor
+    return hook_plateaus(facts, function)

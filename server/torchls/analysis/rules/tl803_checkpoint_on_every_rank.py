@@ -18,7 +18,12 @@ from torchls.analysis.objects import ObjectModel
 from torchls.analysis.queries.vocabulary import argument_at, parameter_default
 from torchls.analysis.ranks import COLLECTIVE_QUALNAMES, mentions_rank
 from torchls.analysis.registry import Hit, exemption, rule
-from torchls.analysis.rules._distributed import MAX_DEPTH, RankExits, _decorated_rank_zero
+from torchls.analysis.rules._distributed import (
+    MAX_DEPTH,
+    RankExits,
+    _decorated_rank_zero,
+    wraps_ddp_through_helper,
+)
 
 # Calls that build a file object in memory: a save into one writes nothing to disk.
 IN_MEMORY_FILES = {"BytesIO"}
@@ -40,7 +45,7 @@ def _distributed_script(facts: Facts) -> bool:
             "DistributedDataParallel"
         ):
             return True
-    return False
+    return wraps_ddp_through_helper(facts)
 
 
 def _spawned(facts: Facts, function: FunctionNode) -> bool:
@@ -231,19 +236,22 @@ def checkpoint_on_every_rank(facts: Facts) -> Iterator[Hit]:
     ## What it catches
     In a distributed script (it calls `init_process_group`, wraps a model in
     `DistributedDataParallel` or calls a `torch.distributed` collective such as
-    `dist.barrier()`), a `torch.save(...)` that every rank executes: not under an
-    `if rank == 0:`-style check, not after an early `if rank != 0: return`, not in a function
+    `dist.barrier()`, or calls a project helper that surely wraps the model in DDP: always, or
+    under `if <flag>:` with the call passing `True` for it, as in
+    `prepare(model, distributed=True)`), a `torch.save(...)` that every rank executes: not under
+    an `if rank == 0:`-style check, not after an early `if rank != 0: return`, not in a function
     decorated `@rank_zero_only` or only called under such a check. Saves whose file name
-    contains the rank (per-rank shards) and saves into an in-memory buffer (`io.BytesIO()`)
-    are not reported. A function with no caller in the file counts as run by every rank
-    when it wraps the model in DDP, runs the training loop or reaches a collective outside
-    any rank test (a `dist.barrier()` closing each epoch). A call, run by every rank, of a
-    project function in another file (a `save_training_state(...)` helper) whose own
-    `torch.save` has no rank check is reported at the call, unless that save only runs for
-    an argument the call leaves at its `None` default (`if model is not None: ...`); so is a
-    call of a method of another file's project class that reaches such a save through the
-    methods it calls (`handler.save(...)` on a parameter annotated `handler: Checkpoints`,
-    whose `save` calls `self.io.save(...)`, which writes the file).
+    contains the rank (per-rank shards) and saves into an in-memory buffer (`io.BytesIO()`) are
+    not reported. A function with no caller in the file counts as run by every rank when it
+    wraps the model in DDP, runs the training loop or reaches a collective outside any rank test
+    (a `dist.barrier()` closing each epoch). A call, run by every rank, of a project function in
+    another file (a `save_training_state(...)` helper) whose own `torch.save` has no rank check
+    is reported at the call, unless that save only runs for an argument the call leaves at its
+    `None` default (`if model is not None: ...`); so is a call of a method of another file's
+    project class that reaches such a save through the methods it calls (`handler.save(...)` on
+    a parameter annotated `handler: Checkpoints`, whose `save` calls `self.io.save(...)`, which
+    writes the file), or of a method of an object a project classmethod built
+    (`Trainer.create_or_resume(...)`, each of whose returns builds the class).
 
     ## Why it is wrong
     Every process writes the same file at the same moment: N concurrent writers truncate and
