@@ -50,6 +50,22 @@ _SHARED_TABLES = (
     "calls_by_scope",
     "local_functions",
 )
+# Node types with nothing below them that `_note` has nothing to record for: the operator
+# singletons (`+`, `<`, `not`, `and`; one shared node per operator in a parse). The walk
+# notes their parent and scope like any child and goes no further.
+_LEAF_TYPES = frozenset(
+    {ast.Name, ast.Constant}
+    | {
+        t
+        for base in (ast.operator, ast.cmpop, ast.unaryop, ast.boolop)
+        for t in base.__subclasses__()
+    }
+)
+# The node types `_note` records something for (every other type it would only look at).
+_NOTED_TYPES = frozenset(
+    {ast.Call, ast.For, ast.AsyncFor, ast.While, ast.Import, ast.ImportFrom, ast.Assign}
+    | {ast.AnnAssign, ast.AugAssign, ast.withitem, ast.NamedExpr}
+)
 # Where a walk up from a statement stops looking for the `if` around it.
 _SCOPE_STOPS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.Module)
 
@@ -80,7 +96,7 @@ class IndexQueries(FileState):
         calls_by_statement = self.calls_by_statement
         calls_by_scope = self.calls_by_scope
         stmt_type, ast_type = ast.stmt, ast.AST
-        name_type, constant_type = ast.Name, ast.Constant
+        leaf_types, noted_types = _LEAF_TYPES, _NOTED_TYPES
         Entry = tuple[ast.AST, ScopeNode, "ast.ClassDef | None", "ast.stmt | None"]
         stack: list[Entry] = [(self.tree, self.tree, None, None)]
         self.assignments[self.tree] = {}
@@ -107,7 +123,7 @@ class IndexQueries(FileState):
                     parents[child] = node
                     in_scope.append(child)
                     child_type = type(child)
-                    if child_type is name_type or child_type is constant_type:
+                    if child_type in leaf_types:
                         continue  # leaves: nothing below them to walk (a third of all nodes)
                     if child_type in _PLAIN_TYPES:
                         if child_type is ast.Call:
@@ -134,7 +150,7 @@ class IndexQueries(FileState):
                     elif child_type is ast.ClassDef:
                         self._register_class(child)
                         child_class = child
-                    else:
+                    elif child_type in noted_types:
                         self._note(child, scope, klass)
                     stack.append((child, child_scope, child_class, child_statement))
 
