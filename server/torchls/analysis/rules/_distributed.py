@@ -5,7 +5,8 @@ In: a function node, a file's `Facts`. Out: whether a decorator such as `@rank_z
 it run on rank 0 only (TL801, TL803), `wraps_ddp_through_helper` (a call of a project helper
 that surely wraps the model in DDP: TL803), `RankExits` (per function, the rank tests that
 leave it early, found once: TL803), and `MAX_DEPTH`, the bound on the callers and bindings
-TL803 follows (TL802's loader tracing, in `_distributed_samplers`, allows twice as many steps).
+TL803 follows (TL802's loader tracing, in `_distributed_samplers`, allows twice as many steps),
+and `multi_process_accelerator` (an `accelerate.Accelerator` asked which process it runs in: TL803).
 """
 
 from __future__ import annotations
@@ -70,5 +71,43 @@ def wraps_ddp_through_helper(facts: Facts) -> bool:
             continue
         owner, function, method = target
         if owner.summary(function).wraps_ddp_at(call, method):
+            return True
+    return False
+
+
+# What an `accelerate.Accelerator` tells about the process it runs in, or does across all of
+# them: code that asks it is written for a multi-process launch.
+ACCELERATOR_PROCESS_API = {
+    "is_main_process",
+    "is_local_main_process",
+    "process_index",
+    "local_process_index",
+    "num_processes",
+    "wait_for_everyone",
+}
+
+ACCELERATOR_CLASSES = {"accelerate.Accelerator", "accelerate.accelerator.Accelerator"}
+
+
+def multi_process_accelerator(facts: Facts) -> bool:
+    """The file binds an `accelerate.Accelerator(...)` to a name or attribute and asks that
+    same object which process it is, or waits for the others (`self.accelerator =
+    Accelerator()` ... `if self.accelerator.is_main_process:`): the script is written for
+    `accelerate launch` on several processes, and a plain `torch.save` runs on each."""
+    bound: set[str] = set()
+    for call in facts.calls:
+        if facts.call_qualname(call) not in ACCELERATOR_CLASSES:
+            continue
+        parent = facts.enclosing_statement(call)
+        if isinstance(parent, ast.Assign) and parent.value is call:
+            bound.update(ast.unparse(target) for target in parent.targets)
+    if not bound:
+        return False
+    for node in ast.walk(facts.tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr in ACCELERATOR_PROCESS_API
+            and ast.unparse(node.value) in bound
+        ):
             return True
     return False

@@ -22,6 +22,7 @@ from torchls.analysis.rules._distributed import (
     MAX_DEPTH,
     RankExits,
     _decorated_rank_zero,
+    multi_process_accelerator,
     wraps_ddp_through_helper,
 )
 
@@ -45,7 +46,7 @@ def _distributed_script(facts: Facts) -> bool:
             "DistributedDataParallel"
         ):
             return True
-    return wraps_ddp_through_helper(facts)
+    return wraps_ddp_through_helper(facts) or multi_process_accelerator(facts)
 
 
 def _spawned(facts: Facts, function: FunctionNode) -> bool:
@@ -238,7 +239,9 @@ def checkpoint_on_every_rank(facts: Facts) -> Iterator[Hit]:
     `DistributedDataParallel` or calls a `torch.distributed` collective such as
     `dist.barrier()`, or calls a project helper that surely wraps the model in DDP: always, or
     under `if <flag>:` with the call passing `True` for it, as in
-    `prepare(model, distributed=True)`), a `torch.save(...)` that every rank executes: not under
+    `prepare(model, distributed=True)`, or builds an `accelerate.Accelerator` and asks that same
+    object which process it is in or waits for the others, as in
+    `if self.accelerator.is_main_process:`), a `torch.save(...)` that every rank executes: not under
     an `if rank == 0:`-style check, not after an early `if rank != 0: return`, not in a function
     decorated `@rank_zero_only` or only called under such a check. Saves whose file name
     contains the rank (per-rank shards) and saves into an in-memory buffer (`io.BytesIO()`) are
