@@ -158,3 +158,22 @@ def test_mode_sensitivity_is_decided_by_the_layers_a_model_is_built_from(
     facts = facts_of(MODELS + f"{name}(x)\n")
     call = next(n for n in facts.calls if facts.source.segment(n) == f"{name}(x)")
     assert mode_sensitive(facts, call.func) is sensitive
+
+
+@pytest.mark.parametrize(
+    ("body", "left"),
+    [
+        ("    net.eval()\n    return score(net, data)\n", {"net"}),
+        ("    with torch.no_grad():\n        net.eval()\n", {"net"}),
+        ("    if data:\n        net.eval()\n", set()),
+        ("    net.eval()\n    net.train()\n", set()),
+        ("    flag = net.training\n    net.eval()\n    net.train(flag)\n", set()),
+        ("    other.eval()\n", set()),
+        ("    helper(net)\n", {"net"}),
+    ],
+)
+def test_summary_names_the_parameters_a_helper_leaves_in_eval_mode(body: str, left: set) -> None:
+    facts = facts_of(
+        f"import torch\n\ndef helper(m):\n    m.eval()\n\ndef evaluate(net, data):\n{body}"
+    )
+    assert set(facts.summary(facts.functions["evaluate"]).leaves_eval) == left

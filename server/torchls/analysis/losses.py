@@ -476,3 +476,103 @@ def loss_related(facts: Facts, loss_call: LossCall) -> tuple[Related, ...]:
         return ()
     built = f"{loss_call.loss} built here"
     return (Related(owner.source.span(constructor), built, owner.filename),)
+
+
+@record(frozen=True)
+class ChosenLoss:
+    """A loss call whose loss object is one of several losses picked on different paths
+    (`self.criterion = nn.CrossEntropyLoss()` under one arm of a config test, another loss
+    under the other, maybe in a base class of another file): the constructor of one
+    choice, the file it is in, and the loss kinds of all the choices."""
+
+    call: ast.Call
+    loss: str
+    input: ast.expr
+    constructor: ast.Call
+    owner: Facts
+    kinds: frozenset[str]
+
+
+def chosen_losses(facts: Facts, loss: str) -> list[ChosenLoss]:
+    """The calls of this file that run a loss object bound to losses of different kinds on
+    different paths (or bound once to a loss and elsewhere only to `None`, a placeholder a
+    set-up method replaces), one of them `loss`, at a place that does not itself test the
+    setting that picks the loss: the call then feeds `loss` on every path where the setting
+    picks it. `chosen_losses(facts, "CrossEntropyLoss")`."""
+    found = []
+    model = facts.get(ObjectModel)
+    known = {id(loss_call.call) for loss_call in facts.loss_calls}
+    for call in facts.calls:
+        func = call.func
+        if id(call) in known or not call.args:
+            continue
+        if not (
+            (isinstance(func, ast.Name) and func.id in facts.bound_names)
+            or (isinstance(func, ast.Attribute) and _on_self(func))
+        ):
+            continue
+        values = model.values(func)
+        if not values:
+            continue
+        kinds: dict[str, list] = {}
+        for value in values:
+            if isinstance(value.expr, ast.Constant) and value.expr.value is None:
+                continue
+            kind = value.facts.kind_of(value.expr)
+            if kind is None or kind.kind != "loss" or kind.by_name or kind.detail is None:
+                kinds = {}
+                break
+            kinds.setdefault(kind.detail, []).append(value)
+        if loss not in kinds or len(values) < 2:
+            continue
+        chosen = kinds[loss][0]
+        if not isinstance(chosen.expr, ast.Call):
+            continue
+        given = _argument(call, 0, "input")
+        if given is None or _tests_the_choice(
+            facts, call, [v for vs in kinds.values() for v in vs]
+        ):
+            continue
+        found.append(ChosenLoss(call, loss, given, chosen.expr, chosen.facts, frozenset(kinds)))
+    return found
+
+
+def _on_self(func: ast.Attribute) -> bool:
+    return isinstance(func.value, ast.Name) and func.value.id == "self"
+
+
+def _test_words(test: ast.expr) -> set[object]:
+    """The names, attribute names and constants a test reads (`self` and `None` aside)."""
+    words: set[object] = set()
+    for node in ast.walk(test):
+        if isinstance(node, ast.Name) and node.id != "self":
+            words.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            words.add(node.attr)
+        elif isinstance(node, ast.Constant) and node.value is not None:
+            words.add(node.value)
+    return words
+
+
+def _enclosing_tests(facts: Facts, node: ast.AST) -> list[ast.expr]:
+    tests = []
+    current = facts.parents.get(node)
+    while current is not None and not isinstance(
+        current, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    ):
+        if isinstance(current, (ast.If, ast.IfExp, ast.While)):
+            tests.append(current.test)
+        current = facts.parents.get(current)
+    return tests
+
+
+@exemption("TL101", "neg_chosen_loss_under_the_same_test.py")
+def _tests_the_choice(facts: Facts, call: ast.Call, values: list) -> bool:
+    """The loss call sits under a test that reads what picks the loss (`if "CTC" in
+    opt.prediction:` around both the binding and the call): each arm may prepare the input
+    its own loss expects, so no one contract holds for the call."""
+    picked: set[object] = set()
+    for value in values:
+        for test in _enclosing_tests(value.facts, value.expr):
+            picked |= _test_words(test)
+    return any(_test_words(test) & picked for test in _enclosing_tests(facts, call))

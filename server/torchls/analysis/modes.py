@@ -12,11 +12,13 @@ mapped to parameters), and a call to an in-file helper applies that helper's eff
 from __future__ import annotations
 
 import ast
+from collections.abc import Container
 from typing import TYPE_CHECKING, NamedTuple, cast
 
 from torchls.analysis.facts import EVAL_FUNCTION_RE
+from torchls.analysis.objects import ClassRef, ObjectModel
 from torchls.analysis.queries.flow import guard_holds, guard_of
-from torchls.analysis.queries.vocabulary import _child_statements
+from torchls.analysis.queries.vocabulary import MODULE_API, _child_statements
 from torchls.records import field, record
 
 if TYPE_CHECKING:
@@ -470,6 +472,10 @@ class ModeAnalysis:
             found = (
                 facts.method_name(call) in ("train", "eval")
                 or (called_key is not None and called_key in self._possible_keys)
+                or (
+                    called_key is not None
+                    and model_part_key(facts, call, called_key, self._possible_keys) is not None
+                )
                 or facts.called_function(call) is not None
                 or self._is_model_call(call)
             )
@@ -499,7 +505,7 @@ class ModeAnalysis:
     def _call(self, call: ast.Call, state: State) -> State:
         if call in self._passing_only:
             self._note_site(call, state)
-            return state
+            return self._foreign_effect(call, state)
         method, receiver_key, called_key, is_model, function = self._describe(call)
         # `model.train(mode=False)` is `model.train(False)`.
         flags = [k.value for k in call.keywords if k.arg == "mode"]
@@ -545,6 +551,22 @@ class ModeAnalysis:
         if function is not None:
             state = self._apply_helper(call, function, state)
         return state
+
+    def _foreign_effect(self, call: ast.Call, state: State) -> State:
+        """What a call of a function in another project file does to the modes of the models
+        it is handed: its summary says which parameters it leaves in eval mode
+        (`evaluate(model, loader)` in `engine.py` calling `model.eval()`)."""
+        facts = self.facts
+        found = facts.call_summary(call)
+        if found is None or found[2] is facts or not found[0].leaves_eval:
+            return state
+        summary, bound, _ = found
+        updated = dict(state)
+        for param in summary.leaves_eval:
+            key = facts.key(facts.same_object(bound.get(param)))
+            if key is not None and key in self._switched_keys:
+                updated[key] = frozenset({ModeFact("eval", call)})
+        return updated
 
     def _alias_source(self, call: ast.Call) -> str | None:
         """For `model.train()` where `model` is a local bound once, in its function, to an
@@ -878,7 +900,105 @@ def _type_tested_key(facts: Facts, test: ast.expr) -> str | None:
     return facts.key(test.args[0])
 
 
-def _owning_key(key: str, state: State) -> str | None:
+def model_part_key(facts: Facts, call: ast.Call, key: str, models: Container[str]) -> str | None:
+    """The key of the model in `models` whose direct part `call` (run key `key`) runs, one
+    attribute down (`self.gen.encoder(x)`, `self.gen.encode(x)`: `runs_model_part`); None
+    otherwise. Deeper chains (`model.frontend.melspec(wave)`) are often parameter-free
+    preprocessing, so they are not taken for the model."""
+    owner = _owning_key(key, models)
+    if owner is None or key.count(".") != owner.count(".") + 1:
+        return None
+    return owner if runs_model_part(facts, call) else None
+
+
+def owning_model(facts: Facts, call: ast.Call) -> ast.expr | None:
+    """`model` for `model.pi(x)` or `model.encoder(x)`: the model whose part the call runs
+    (`runs_model_part`), when the receiver is a model; None for any other call."""
+    func = call.func
+    if not isinstance(func, ast.Attribute) or func.attr == "forward":
+        return None
+    kind = facts.kind_of(func.value)
+    if kind is None or kind.kind != "model" or not runs_model_part(facts, call):
+        return None
+    return func.value
+
+
+def runs_model_part(facts: Facts, call: ast.Call) -> bool:
+    """`call`, a method call on a model (`self.gen.encoder(x)`, `self.gen.encode(x)`), runs
+    some of that model's parameters in the model's mode: a submodule, or a method of the
+    model's class that calls its forward or a submodule of its own (no decorator on it, which
+    may turn gradients off); a method of a class out of sight counts when its result is used
+    (a dropped result, `net.reset_cache(b)`, is bookkeeping). Not `nn.Module`'s own methods."""
+    func = call.func
+    if not isinstance(func, ast.Attribute) or func.attr in MODULE_API:
+        return False
+    if isinstance(facts.parents.get(call), ast.Expr):
+        return False
+    found = _model_method(facts, call, func)
+    if found is None:
+        return True  # a submodule, or a method of a class out of sight
+    owner, method = found
+    return _runs_own_part(owner, method, 0)
+
+
+def _model_method(
+    facts: Facts, call: ast.Call, func: ast.Attribute
+) -> tuple[Facts, FunctionNode] | None:
+    """The project method `model.m(...)` runs: resolved as any call is, or through the class
+    the receiver was built from (`Translator(...).to(device)`), its bases included."""
+    target = facts.callee(call)
+    if target is not None:
+        return target[0], target[1]
+    model = facts.get(ObjectModel)
+    method = model.object_method(call)
+    if method is not None:
+        return method
+    kind = facts.kind_of(func.value)
+    if kind is None or not isinstance(kind.node, ast.Call):
+        return None
+    builder = model.owner_of(kind.node)
+    built = builder.callee(kind.node)
+    if built is None:
+        info = builder.classes.get(kind.detail or "")
+        owner = builder
+    else:
+        owner = built[0]
+        klass = owner.parents.get(built[1])
+        info = owner.classes.get(klass.name) if isinstance(klass, ast.ClassDef) else None
+    if info is None:
+        return None
+    for ref in owner.get(ObjectModel).lineage(ClassRef(owner, info)):
+        if func.attr in ref.info.methods:
+            return ref.facts, ref.info.methods[func.attr]
+    return None
+
+
+def _runs_own_part(owner: Facts, method: FunctionNode, depth: int) -> bool:
+    if depth > 2 or method.decorator_list:
+        return False
+    klass = owner.enclosing_class(method)
+    methods = owner.classes[klass.name].methods if klass and klass.name in owner.classes else {}
+    for call in owner.calls_in(method):
+        func = call.func
+        if isinstance(func, ast.Subscript):
+            func = func.value  # `self.heads[name](z)`
+        if isinstance(func, ast.Name) and func.id == "self":
+            return True
+        if not (
+            isinstance(func, ast.Attribute)
+            and isinstance(func.value, ast.Name)
+            and func.value.id == "self"
+        ) or owner.in_no_grad(call):
+            continue
+        other = methods.get(func.attr)
+        if other is None and func.attr not in MODULE_API:
+            return True  # `self.encoder(x)`: a submodule
+        if other is not None and other is not method and _runs_own_part(owner, other, depth + 1):
+            return True
+    return False
+
+
+def _owning_key(key: str, state: Container[str]) -> str | None:
     """The nearest module in `state` that `key` is a submodule of: `model.decoder` runs in
     `model`'s mode unless its own mode was set."""
     parts = key.split(".")
@@ -1211,11 +1331,18 @@ def _relevant_functions(facts: Facts) -> list[FunctionNode]:
     }
     # A helper a loop calls (`output, loss = self._forward_pass(x, y)`) runs its forwards
     # in that loop: the mode they see there is the loop's.
-    for loop in facts.loops:
-        for call in facts.calls_in(loop):
-            called = facts.called_function(call)
-            if called is not None:
-                relevant.add(called)
+    # And the helpers such a helper calls in turn, two levels down (`self.total_loss(b)` ->
+    # `self.part_loss(b)`, whose forward runs in the loop's mode too).
+    callers: list[ast.AST] = list(facts.loops)
+    for _ in range(3):
+        called_here: set[FunctionNode] = set()
+        for caller in callers:
+            for call in facts.calls_in(caller):
+                called = facts.called_function(call)
+                if called is not None and called not in relevant:
+                    called_here.add(called)
+        relevant |= called_here
+        callers = list(called_here)
     # So does a helper that a mode-switching function calls (`self.module_.eval()`, then
     # `self.infer(x)`): it runs its forwards in the mode just set.
     for function in functions:

@@ -26,6 +26,9 @@ names and flags (no syntax nodes), so it can be cached by the function's text:
   only under a rank check inside it, and not on a sub-group);
 - `returns_graph`: it returns a tensor still attached to the autograd graph it backwards
   through (a `train_step` returning `loss` rather than `loss.item()`);
+- `leaves_eval`: parameters it puts in eval mode on every run (`model.eval()` outside any
+  branch, loop or `try`, itself or in what it calls) and never switches back to training
+  (an `evaluate(model, loader)` helper in another module);
 - `wraps_ddp`: it builds `DistributedDataParallel` (itself or in what it calls) under no
   condition but `if <param>:` tests, whose parameters are `ddp_switches` (none: always):
   a call setting one of them to a true constant (`prepare(model, distributed=True)`) puts
@@ -93,6 +96,7 @@ class Summary:
     returns_graph: bool = False
     wraps_ddp: bool = False
     ddp_switches: frozenset[str] = frozenset()
+    leaves_eval: frozenset[str] = frozenset()
 
     def wraps_ddp_at(self, call: ast.Call, method: bool = False) -> bool:
         """Calling it as `call` surely builds `DistributedDataParallel`: it always does, or
@@ -348,9 +352,14 @@ class _Summarizer:
         backwarded: set[str] = set()
         ddp_always = False
         ddp_switches: set[str] = set()
+        evals: set[str] = set()
+        trains: set[str] = set()
         from torchls.analysis.ranks import COLLECTIVE_QUALNAMES
 
         for call in facts.calls_in(function):
+            switched = self._mode_switch(call)
+            if switched is not None:
+                (evals if switched[1] else trains).add(switched[0])
             qualname = facts.call_qualname(call) or ""
             if qualname in _SAVE and call.args:
                 name = self.param_of(call.args[0])
@@ -410,6 +419,12 @@ class _Summarizer:
             steps |= inner.steps_optimizer
             zeroes |= inner.zeroes_grad
             backwards |= inner.backwards
+            if inner.leaves_eval and self._unconditional(call):
+                bound = inner.bind(call, is_method)
+                for name in inner.leaves_eval:
+                    param = self.param_of(bound.get(name))
+                    if param is not None:
+                        evals.add(param)
             if inner.wraps_ddp:
                 switch = self._plain_switch(call)
                 if switch is not None:
@@ -467,8 +482,34 @@ class _Summarizer:
             falsy_defaults=self._falsy_defaults(),
             wraps_ddp=ddp_always or bool(ddp_switches),
             ddp_switches=frozenset() if ddp_always else frozenset(ddp_switches),
+            leaves_eval=frozenset(evals - trains),
         )
         return summary, self.leaf
+
+    def _mode_switch(self, call: ast.Call) -> tuple[str, bool] | None:
+        """(parameter, True for eval) for `param.eval()` run on every pass, or for any
+        `param.train(...)` (which may switch it back); None for other calls."""
+        func = call.func
+        if not isinstance(func, ast.Attribute) or func.attr not in ("eval", "train"):
+            return None
+        param = self.param_of(func.value)
+        if param is None:
+            return None
+        if func.attr == "train":
+            return param, False
+        if call.args or call.keywords or not self._unconditional(call):
+            return None
+        return param, True
+
+    def _unconditional(self, node: ast.AST) -> bool:
+        """`node` runs whenever the function does: under no `if`, loop, `try` or nested
+        function (a `with` block is fine)."""
+        current = self.facts.parents.get(node)
+        while current is not None and current is not self.function:
+            if isinstance(current, (*_CONDITIONAL_OR_NESTED, ast.If, ast.For, ast.AsyncFor)):
+                return False
+            current = self.facts.parents.get(current)
+        return True
 
     def _switch_of(self, call: ast.Call) -> str | None:
         """The parameter of a plain `if param:` around `call` in this function, if any."""

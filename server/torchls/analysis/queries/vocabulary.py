@@ -374,3 +374,17 @@ LIBRARY_ROOTS = {
     "sklearn",
     "scipy",
 }
+
+
+# torch.nn.Module's own methods: none of them runs the forward on the data it is given.
+MODULE_API = frozenset(
+    {
+        "add_module", "apply", "bfloat16", "buffers", "children", "compile", "cpu", "cuda",
+        "double", "eval", "extra_repr", "float", "forward", "get_buffer", "get_parameter",
+        "get_submodule", "half", "ipu", "load_state_dict", "modules", "named_buffers",
+        "named_children", "named_modules", "named_parameters", "parameters", "register_buffer",
+        "register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
+        "register_module", "register_parameter", "requires_grad_", "share_memory",
+        "state_dict", "to", "to_empty", "train", "type", "xpu", "zero_grad",
+    }
+)  # fmt: skip

@@ -15,6 +15,7 @@ from pathlib import Path
 from torchls.analysis.facts import Facts, LossCall, Origin
 from torchls.analysis.findings import Fix, Related
 from torchls.analysis.library_loops import LibraryLoop, library_loops
+from torchls.analysis.losses import ChosenLoss, chosen_losses
 from torchls.analysis.queries.tensors import activation_input, activation_of
 from torchls.analysis.rules._edits import replace_node
 from torchls.records import replace
@@ -121,6 +122,32 @@ def _input_rule(
             continue
         fix = pass_logits_fix(facts, loss_call.input, origins, what) if fixable else None
         yield loss_call, origins, fix
+
+
+def chosen_loss_inputs(
+    facts: Facts, loss: str, accepted: set[str]
+) -> Iterator[tuple[ChosenLoss, list[Origin]]]:
+    """Calls of a loss object picked among several losses (`chosen_losses`) whose input is,
+    on every path, an activation in `accepted`: wrong wherever the setting picks `loss`."""
+    for chosen in chosen_losses(facts, loss):
+        origins = facts.origins(chosen.input)
+        if origins and all(activation_of(facts, o) in accepted for o in origins):
+            yield chosen, [replace(origin, branch=None) for origin in origins]
+
+
+def chosen_lead(facts: Facts, chosen: ChosenLoss) -> str:
+    """How a finding on a chosen loss starts: which loss, and on which paths."""
+    if chosen.kinds == {chosen.loss}:
+        return f"{chosen.loss} input"
+    held = _short(facts, chosen.call.func)
+    return f"where the setting picks {chosen.loss} for `{held}`, its input"
+
+
+def chosen_related(facts: Facts, chosen: ChosenLoss) -> tuple[Related, ...]:
+    """Where the picked loss is built (a base class in another file, maybe)."""
+    filename = chosen.owner.filename if chosen.owner is not facts else None
+    span = chosen.owner.source.span(chosen.constructor)
+    return (Related(span, f"{chosen.loss} picked here", filename),)
 
 
 def library_loop_inputs(

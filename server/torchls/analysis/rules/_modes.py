@@ -15,7 +15,14 @@ import ast
 from collections.abc import Iterator
 
 from torchls.analysis.facts import EVAL_FUNCTION_RE, Facts, FunctionNode
-from torchls.analysis.modes import ModeAnalysis, _is_mode_call, analyse_modes, run_key
+from torchls.analysis.modes import (
+    ModeAnalysis,
+    _is_mode_call,
+    _owning_key,
+    analyse_modes,
+    owning_model,
+    run_key,
+)
 from torchls.analysis.queries.flow import guard_holds, guard_of
 from torchls.analysis.registry import exemption
 from torchls.analysis.rules._modes_memos import LoopAssignments, TrainingFunctions
@@ -241,42 +248,14 @@ def _model_calls_in_eval(facts: Facts) -> Iterator[tuple[ast.Call, ast.AST, str,
         key = run_key(facts, call)
         if context is None or key is None:
             continue
-        if (id(context), key) in seen:
+        owner = owning_model(facts, call) if key not in analysis._possible_keys else None
+        key = facts.key(owner) or key if owner is not None else key  # `model` for `model.pi(x)`
+        # One finding per model and loop: its submodules and methods run in its mode.
+        model = key if key in analysis._possible_keys else _owning_key(key, analysis._possible_keys)
+        if (id(context), model or key) in seen:
             continue
-        seen.add((id(context), key))
+        seen.add((id(context), model or key))
         yield call, context, key, modes
-
-
-def _helper_forwards_in_evaluation(
-    facts: Facts,
-) -> Iterator[tuple[ast.Call, ast.AST, FunctionNode, ast.Call, str, frozenset]]:
-    """(site, loop, helper, forward, key, modes): an evaluation loop runs a model through an
-    in-file helper shared with training (`output, loss = self._forward_pass(x, y)`, whose
-    body calls `self.model(x)`), with the modes the model is in when that site calls it. The
-    helper itself switches no mode and trains nothing, and its forward sits in no loop of
-    its own (a helper looping over a loader is judged as an evaluation loop by itself)."""
-    analysis = modes_of(facts)
-    seen: set[tuple[int, str]] = set()
-    for site, entry in sorted(analysis.site_entry.items(), key=lambda i: i[0].lineno):
-        if not entry:
-            continue
-        function = facts.called_function(site)
-        if function is None or facts.function_reaches(function, _is_mode_call):
-            continue
-        context = evaluation_context(facts, site)
-        if context is None or _function_trains(facts, function):
-            continue
-        for call in facts.calls_in(function):
-            modes = analysis.at_call.get(call)
-            key = run_key(facts, call)
-            if modes is None or key is None or key not in entry:
-                continue
-            if any(facts.is_inside(loop, function) for loop in facts.enclosing_loops(call)):
-                continue
-            if (id(context), key) in seen:
-                continue
-            seen.add((id(context), key))
-            yield site, context, function, call, key, entry[key]
 
 
 def _evaluating_calls(

@@ -16,21 +16,10 @@ import ast
 from collections.abc import Iterator
 
 from torchls.analysis.facts import Facts
+from torchls.analysis.queries.vocabulary import MODULE_API
 from torchls.analysis.rules._modes import _derived_from_target, evaluation_context, modes_of
 from torchls.analysis.rules._modes_paths import _reaches_own_forward
 
-# torch.nn.Module's own methods: none of them runs the forward on the data it is given.
-MODULE_API = frozenset(
-    {
-        "add_module", "apply", "bfloat16", "buffers", "children", "compile", "cpu", "cuda",
-        "double", "eval", "extra_repr", "float", "forward", "get_buffer", "get_parameter",
-        "get_submodule", "half", "ipu", "load_state_dict", "modules", "named_buffers",
-        "named_children", "named_modules", "named_parameters", "parameters", "register_buffer",
-        "register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
-        "register_module", "register_parameter", "requires_grad_", "share_memory",
-        "state_dict", "to", "to_empty", "train", "type", "xpu", "zero_grad",
-    }
-)  # fmt: skip
 # transformers' `generate()` turns gradients off itself, and a project's decoding method of
 # that name usually does the same: with its class out of sight it is not assumed to record.
 SKIPPED = MODULE_API | {"generate"}

@@ -11,6 +11,9 @@ from torchls.analysis.losses import loss_related
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._losses import (
     _input_rule,
+    chosen_lead,
+    chosen_loss_inputs,
+    chosen_related,
     describe,
     library_loop_inputs,
     related_for,
@@ -72,6 +75,11 @@ def softmax_before_cross_entropy(facts: Facts) -> Iterator[Hit]:
     are still softmax outputs. A loss object of a project class with `__call__` kept on
     `self` (`self.objective = SmoothedCE(0.1)` in the constructor, its class in this file or
     another) runs that `__call__`, whose cross-entropy gets what the call passes.
+    A loss object a setting picks (`self.criterion = nn.CrossEntropyLoss()` in one arm of a
+    config test, `nn.NLLLoss()` in the other, maybe in a base class's `fit` in another file;
+    or a `None` placeholder a set-up method replaces) is cross-entropy on the paths that pick
+    it: a softmax output fed to it is reported, unless the call itself sits under a test of
+    the same setting (each arm may prepare its own input).
 
     ## Why it is wrong
     Cross-entropy applies `log_softmax` to its input itself. Feeding it probabilities squashes
@@ -97,6 +105,14 @@ def softmax_before_cross_entropy(facts: Facts) -> Iterator[Hit]:
             "a softmax output; cross-entropy expects raw logits",
             fix,
             related_for(facts, origins, "softmax") + loss_related(facts, loss_call),
+        )
+    for chosen, origins in chosen_loss_inputs(facts, "CrossEntropyLoss", {"softmax"}):
+        yield Hit(
+            chosen.input,
+            f"{chosen_lead(facts, chosen)} {describe(facts, chosen.input, origins[0])} is "
+            "already a softmax output; cross-entropy expects raw logits",
+            None,
+            related_for(facts, origins, "softmax") + chosen_related(facts, chosen),
         )
     for loop, origins in library_loop_inputs(facts, "CrossEntropyLoss", {"softmax", "log_softmax"}):
         yield Hit(

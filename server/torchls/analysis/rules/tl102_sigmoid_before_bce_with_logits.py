@@ -11,6 +11,9 @@ from torchls.analysis.losses import loss_related
 from torchls.analysis.registry import Hit, rule
 from torchls.analysis.rules._losses import (
     _input_rule,
+    chosen_lead,
+    chosen_loss_inputs,
+    chosen_related,
     describe,
     library_loop_inputs,
     related_for,
@@ -37,6 +40,7 @@ def sigmoid_before_bce_with_logits(facts: Facts) -> Iterator[Hit]:
     included), a head kept on `self` (built in either arm of an `if`, or attached by another
     method), a module a wrapper is handed, a network handed in by another file's callers;
     and, as TL101, a module class a skorch net trains with `criterion=nn.BCEWithLogitsLoss`.
+    As TL101, a loss a setting picks is BCE-with-logits on the paths that pick it.
 
     ## Why it is wrong
     The "with logits" losses apply the sigmoid themselves. A second sigmoid maps every
@@ -61,6 +65,14 @@ def sigmoid_before_bce_with_logits(facts: Facts) -> Iterator[Hit]:
             "a sigmoid output; the loss applies the sigmoid itself",
             fix,
             related_for(facts, origins, "sigmoid") + loss_related(facts, loss_call),
+        )
+    for chosen, origins in chosen_loss_inputs(facts, "BCEWithLogitsLoss", {"sigmoid"}):
+        yield Hit(
+            chosen.input,
+            f"{chosen_lead(facts, chosen)} {describe(facts, chosen.input, origins[0])} is "
+            "already a sigmoid output; the loss applies the sigmoid itself",
+            None,
+            related_for(facts, origins, "sigmoid") + chosen_related(facts, chosen),
         )
     for loop, origins in library_loop_inputs(facts, "BCEWithLogitsLoss", {"sigmoid"}):
         yield Hit(

@@ -14,17 +14,17 @@ from collections.abc import Iterator
 from torchls.analysis.facts import Facts
 from torchls.analysis.findings import Fix
 from torchls.analysis.layers import built_mode_sensitive, mode_sensitive, runs_no_module
-from torchls.analysis.modes import run_key
+from torchls.analysis.modes import owning_model, run_key
 from torchls.analysis.queries.vocabulary import argument_at
 from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._edits import insert_line_after, insert_line_before
 from torchls.analysis.rules._modes import (
     _evaluating_calls,
-    _helper_forwards_in_evaluation,
     _model_calls_in_eval,
     _switched_to_eval_by_flag,
     modes_of,
 )
+from torchls.analysis.rules._modes_helpers import _helper_forwards_in_evaluation
 from torchls.analysis.rules._modes_scripts import unswitched_loaded_modules
 
 
@@ -271,7 +271,7 @@ def _mode_free(facts: Facts, call: ast.Call, modes: frozenset) -> bool:
     """No layer of the module `call` runs reads the mode: known from its binding here, or,
     for a module handed to this helper, from the construction its mode facts point to
     (`criterion = JointsMSELoss()` in the caller)."""
-    if not mode_sensitive(facts, call.func):
+    if not mode_sensitive(facts, owning_model(facts, call) or call.func):
         return True
     built = [fact.setter for fact in modes]
     return bool(built) and all(
@@ -348,7 +348,7 @@ def _applied_to_outputs(facts: Facts, call: ast.Call, key: str) -> bool:
 
 
 def _why_mode_matters(facts: Facts, call: ast.Call) -> str:
-    if mode_sensitive(facts, call.func):
+    if mode_sensitive(facts, owning_model(facts, call) or call.func):
         return "dropout and batch-norm behave differently"
     # Every layer is known and none reads the mode: honest about what is at stake.
     return "it has no dropout or batch-norm yet, so results change only once one is added"

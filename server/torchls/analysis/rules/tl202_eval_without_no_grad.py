@@ -1,10 +1,7 @@
 """TL202 eval-without-no-grad: a model in eval() mode runs in an evaluation loop with autograd
-still recording, outside `torch.no_grad()` / `torch.inference_mode()`, with nothing there that
-needs gradients or turns them off.
-
-In: `Facts` (the project's other files too, for callers elsewhere), through the shared mode
-helpers of `_modes.py`. Out: `Hit`s at the forward (or the helper call), with an unsafe fix
-wrapping the loop in `no_grad`.
+still recording, outside `no_grad` / `inference_mode`, with nothing there needing gradients.
+In: `Facts` (other project files too), through the mode helpers of `_modes.py`. Out: `Hit`s at
+the forward (or the helper call), with an unsafe fix wrapping the loop in `no_grad`.
 """
 
 from __future__ import annotations
@@ -21,13 +18,13 @@ from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._edits import insert_at
 from torchls.analysis.rules._modes import (
     _evaluating_calls,
-    _helper_forwards_in_evaluation,
     _model_calls_in_eval,
     _nested_helper_forwards,
     _switched_to_eval_by_flag,
     evaluation_context,
     modes_of,
 )
+from torchls.analysis.rules._modes_helpers import _helper_forwards_in_evaluation
 from torchls.analysis.rules._modes_methods import eval_loops_through_own_methods
 from torchls.analysis.rules._modes_paths import eval_loops_through_model_methods
 
@@ -79,6 +76,8 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
     when the model's class is out of sight (handed to the constructor) or its method
     reaches its forward. Decoding with transformers' `generate()` turns gradients off itself
     and is not reported.
+    A model's submodule or method (`self.gen.encoder(x)`) runs in its mode, also two `self.`
+    helpers down from the loop (`self.total_loss(b)` -> `self.part_loss(b)`).
 
     ## Why it is wrong
     `eval()` only changes how layers behave; it does not stop autograd. Every forward pass
@@ -130,8 +129,24 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
                 if hit is not None:
                     yield hit
     yield from _flag_evaluations_with_grad(facts)
+    reported: set[ast.Call] = set()  # a model's method may be seen as a helper's forward too
+    for site, loop, key, method, owner, forward in eval_loops_through_model_methods(facts):
+        if facts.in_no_grad(site) or facts.under_unknown_decorator(site):
+            continue
+        if _needs_gradients(facts, loop) or facts.parameters_frozen_before(key, loop):
+            continue
+        where = owner.filename if owner is not facts else None
+        reported.add(site)
+        yield Hit(
+            site,
+            f"`{key}` is in eval mode and this call runs its forward through "
+            f"`{facts.source.segment(method.func)}` (line {method.lineno}) with gradients "
+            "enabled, for every batch; wrap the loop in `torch.no_grad()`",
+            _wrap_in_no_grad(facts, loop),
+            (Related(owner.source.span(forward), "the model's forward runs here", where),),
+        )
     for site, context, function, call, key, modes in _helper_forwards_in_evaluation(facts):
-        if not modes or any(fact.mode != "eval" for fact in modes):
+        if site in reported or not modes or any(fact.mode != "eval" for fact in modes):
             continue
         if runs_generation(facts, call):
             continue
@@ -154,20 +169,6 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
         hit = _graph_built_for_nothing(facts, call, loop, key)
         if hit is not None:
             yield hit
-    for site, loop, key, method, owner, forward in eval_loops_through_model_methods(facts):
-        if facts.in_no_grad(site) or facts.under_unknown_decorator(site):
-            continue
-        if _needs_gradients(facts, loop) or facts.parameters_frozen_before(key, loop):
-            continue
-        where = owner.filename if owner is not facts else None
-        yield Hit(
-            site,
-            f"`{key}` is in eval mode and this call runs its forward through "
-            f"`{facts.source.segment(method.func)}` (line {method.lineno}) with gradients "
-            "enabled, for every batch; wrap the loop in `torch.no_grad()`",
-            _wrap_in_no_grad(facts, loop),
-            (Related(owner.source.span(forward), "the model's forward runs here", where),),
-        )
 
 
 def _step_helper_forwards_with_grad(facts: Facts) -> Iterator[Hit]:

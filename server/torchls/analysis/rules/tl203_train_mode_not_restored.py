@@ -11,7 +11,7 @@ import ast
 from collections.abc import Iterator
 
 from torchls.analysis.facts import Facts
-from torchls.analysis.findings import Fix
+from torchls.analysis.findings import Fix, Related
 from torchls.analysis.layers import mode_sensitive
 from torchls.analysis.modes import built_in_eval_mode, run_module, runs_generation
 from torchls.analysis.registry import Hit, exemption, rule
@@ -59,7 +59,8 @@ def _skipped_by_same_test(facts: Facts, setter: ast.AST, call: ast.Call) -> bool
 def train_mode_not_restored(facts: Facts) -> Iterator[Hit]:
     """
     ## What it catches
-    `model.eval()` (directly or inside a helper such as `evaluate(model)`, however deep, also
+    `model.eval()` (directly or inside a helper such as `evaluate(model)`, however deep, in
+    this file or in another project module whose helper switches it on every call, also
     through an object such as `ctx.model`, or in a method of an object that holds the trainer,
     `self.hook = Hook(self)` switching `self.trainer.model`) runs inside the epoch loop, while
     `model.train()` is called only before the loop: from the second epoch on, the model trains
@@ -170,8 +171,21 @@ def train_mode_not_restored(facts: Facts) -> Iterator[Hit]:
                 f"`{key}` is put in eval mode here, inside the epoch loop, and "
                 f"`{key}.train()` is not called again before training (line {loops[0].lineno})",
                 fix,
+                _switched_elsewhere(facts, setter),
             )
     yield from _evals_in_library_steps(facts)
+
+
+def _switched_elsewhere(facts: Facts, setter: ast.AST) -> tuple[Related, ...]:
+    """The `eval()` inside a helper of another file that the call `setter` runs."""
+    target = facts.callee(setter) if isinstance(setter, ast.Call) else None
+    if target is None or target[0] is facts:
+        return ()
+    owner, function, _ = target
+    switch = next((c for c in owner.calls_in(function) if owner.method_name(c) == "eval"), None)
+    if switch is None:
+        return ()
+    return (Related(owner.source.span(switch), "eval() called here", owner.filename),)
 
 
 def _evals_in_library_steps(facts: Facts) -> Iterator[Hit]:

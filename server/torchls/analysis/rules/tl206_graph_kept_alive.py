@@ -9,6 +9,7 @@ the accumulating statement, with a fix appending `.item()` where that is enough.
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 
 from torchls.analysis.facts import Facts
@@ -16,6 +17,7 @@ from torchls.analysis.findings import Fix
 from torchls.analysis.queries.tensors import detached_value
 from torchls.analysis.registry import Hit, exemption, rule
 from torchls.analysis.rules._edits import insert_at
+from torchls.analysis.rules._graph_attributes import self_attribute_keeps
 from torchls.analysis.rules._graph_collectors import collector_keeps
 from torchls.analysis.rules._graph_containers import (
     accumulation,
@@ -241,6 +243,11 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
     hook empties. Also a loss (or an indexed piece of one, `loss[0]`) handed to a method of a
     project collector object made outside the step loop (`counter.add(loss)`, in this file or
     another) that appends that parameter to a list on the object (`self.losses.append(l)`).
+    Also a method of a class that runs once per iteration (called as `self.step(...)` in a
+    loop of another method, or by such a method) and adds a loss still on its graph to a
+    list, dict or running total on `self` (`self.epoch_losses.append(loss)`), directly or
+    through another attribute a sibling method parked it in (`self.last = loss`, then
+    `self.history.append(self.last)`); not when a per-step method empties that container.
 
     ## Why it is wrong
     Each stored loss keeps its whole computation graph, activations included, alive. Memory
@@ -275,6 +282,10 @@ def graph_kept_alive(facts: Facts) -> Iterator[Hit]:
         or call in facts.loss_call_nodes
         or (facts.method_name(call) == "backward" and not call.args)
     }
+    loss_names_of = functools.cache(
+        lambda s: _loss_names(facts, s, project_calls)[0] if s in lossy else set()
+    )
+    yield from self_attribute_keeps(facts, loss_names_of, lambda use: _detached_use(facts, use))
     for stmt, attr, held in step_output_stores(facts):
         yield Hit(
             stmt,
