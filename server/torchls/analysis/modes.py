@@ -196,6 +196,8 @@ class ModeAnalysis:
             return {}
         if facts.enclosing_class(function) is not None:
             return {}
+        if any(_switched_by_caller(other, call) for other, call in _elsewhere(facts, function)):
+            return {}  # a caller in another file sets the mode of what it passes
         args = function.args
         params = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]}
         entry: State = {}
@@ -885,8 +887,41 @@ def _own_helper_method(call: ast.Call, function: FunctionNode) -> bool:
     )
 
 
+def _elsewhere(facts: Facts, function: FunctionNode) -> list[tuple[Facts, ast.Call]]:
+    return facts.get(ObjectModel).calls_elsewhere(function)
+
+
+def _switched_by_caller(other: Facts, call: ast.Call) -> bool:
+    """The call `call` in the file `other` hands on an object that file switches to train()
+    or eval() itself (`vae = AutoencoderKL(...).eval()`, or `net.eval()` on it)."""
+    switched = {
+        other.key(other.same_object(other.receiver(c))) for c in other.method_calls("eval", "train")
+    }
+    for argument in [*call.args, *(k.value for k in call.keywords)]:
+        if other.key(argument) in switched:
+            return True
+        value = other.binding_value(argument)
+        while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
+            if value.func.attr in ("eval", "train"):
+                return True
+            value = value.func.value
+    return False
+
+
 def _type_tested_key(facts: Facts, test: ast.expr) -> str | None:
-    """`net` for a test `isinstance(net, <a module class>)`."""
+    """`net` for a test `isinstance(net, <a module class>)`, `net is not None` or `net`
+    itself (`if self.disc is not None: self.disc.eval()`): where it fails there is no module
+    to have a mode."""
+    if (
+        isinstance(test, ast.Compare)
+        and len(test.ops) == 1
+        and isinstance(test.ops[0], ast.IsNot)
+        and isinstance(test.comparators[0], ast.Constant)
+        and test.comparators[0].value is None
+    ):
+        return facts.key(test.left)
+    if isinstance(test, (ast.Name, ast.Attribute)):
+        return facts.key(test)
     if not (
         isinstance(test, ast.Call)
         and isinstance(test.func, ast.Name)

@@ -16,12 +16,19 @@ object, the definition a method call runs, and the kind of a value computed in i
 from __future__ import annotations
 
 import ast
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from torchls.analysis.queries.vocabulary import MAX_DEPTH, ClassInfo, FunctionNode, ObjectKind
+from torchls.analysis.queries.vocabulary import (
+    MAX_DEPTH,
+    ClassInfo,
+    FunctionNode,
+    ObjectKind,
+    argument_at,
+)
 from torchls.records import record
 
 if TYPE_CHECKING:
@@ -31,6 +38,8 @@ if TYPE_CHECKING:
 # hierarchy deeper than this is rare in training code and not worth the time.
 MAX_BASES = 6
 MAX_HOPS = 6
+# Set while a kind question follows a parameter into other files' calls (per thread).
+_ASKING = threading.local()
 
 
 @record(frozen=True)
@@ -66,6 +75,8 @@ class ObjectModel:
         # from a subclass's method into the base-class method that calls it
         # (`dispatching_as`): `self.m()` there runs what that class finds for `m`.
         self._dispatch: list[ClassRef] = []
+        # Function -> its calls in other project files (searched once per function).
+        self._elsewhere: dict[int, list[tuple[Facts, ast.Call]]] = {}
 
     def owner_of(self, node: ast.AST) -> Facts:
         """The facts of the file `node` is in: another file's when this model found it there,
@@ -491,7 +502,9 @@ class ObjectModel:
         if isinstance(expr, ast.Name):
             if facts.parameter_of(expr) is not None:
                 arguments = facts.parameter_arguments(expr)
-                return [Value(facts, a) for a in arguments] if arguments else None
+                if arguments:
+                    return [Value(facts, a) for a in arguments]
+                return self._arguments_elsewhere(expr)
             scope = facts.scope(expr)
             assignments = facts.assignments_of(expr.id, scope)
             if not assignments and scope is not facts.tree:
@@ -520,12 +533,52 @@ class ObjectModel:
             return inherited or None
         return [Value(facts, expr)]
 
+    def calls_elsewhere(self, function: FunctionNode) -> list[tuple[Facts, ast.Call]]:
+        """`Facts.calls_from_other_files`, searched once per function."""
+        if id(function) not in self._elsewhere:
+            self._elsewhere[id(function)] = self.facts.calls_from_other_files(function)
+        return self._elsewhere[id(function)]
+
+    def _arguments_elsewhere(self, param: ast.Name) -> list[Value] | None:
+        """What the calls in the project's other files pass for the parameter `param` of a
+        function no call in this file runs (`train(model, loader, optimizer, scheduler)` in
+        `engine.py`, called by `main.py` with what its set-up helper returned); None when a
+        call leaves it out or passes it in a way that cannot be told, or there is none."""
+        facts = self.facts
+        function = facts.parameter_of(param)
+        if function is None or facts.call_sites(function):
+            return None
+        found = self.calls_elsewhere(function)
+        if not found:
+            return None
+        method = facts.enclosing_class(function) is not None
+        values: list[Value] = []
+        for other, call in found:
+            told, argument = argument_at(
+                call, function, param.id, method and isinstance(call.func, ast.Attribute)
+            )
+            if not told or argument is None:
+                return None
+            values.append(Value(other, argument))
+        return self.note(values)
+
     def kind_of(self, expr: ast.expr) -> ObjectKind | None:
         """The kind of `self.<attr>` assigned only in a base class (in its own file's terms),
         or of a name unpacked from a project function's returned tuple; None otherwise."""
         found: list[Value] | None = None
         if isinstance(expr, ast.Attribute):
             found = self.inherited_attribute_values(expr)
+        elif isinstance(expr, ast.Name) and self.facts.parameter_of(expr) is not None:
+            if self.facts.reaching_assignment(expr) is None and not getattr(_ASKING, "on", False):
+                # What other files' calls pass, one hop only: the kinds asked there may lead
+                # back here (a helper each file calls with what the other hands it).
+                _ASKING.on = True
+                try:
+                    passed = self._arguments_elsewhere(expr)
+                    kinds = {_kind_in_own_file(value) for value in passed or ()}
+                finally:
+                    _ASKING.on = False
+                return kinds.pop() if passed and len(kinds) == 1 else None
         elif isinstance(expr, ast.Name):
             assignment = self.facts.reaching_assignment(expr)
             if (
@@ -542,6 +595,11 @@ class ObjectModel:
             return None
         kind = kinds.pop()
         return kind
+
+
+def asking_elsewhere() -> bool:
+    """A kind question is following a parameter into other files' calls on this thread."""
+    return getattr(_ASKING, "on", False)
 
 
 def _alternative_constructor(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 from functools import cached_property, lru_cache
 
-from torchls.analysis.objects import ObjectModel
+from torchls.analysis.objects import ObjectModel, asking_elsewhere
 from torchls.analysis.queries.index import IndexQueries
 from torchls.analysis.queries.vocabulary import (
     ACTIVATION_MODULES,
@@ -81,7 +81,11 @@ class KindQueries(IndexQueries):
         try:
             return self._kinds[expr]
         except KeyError:
-            found = self._kinds[expr] = self._kind_of(expr, depth)
+            found = self._kind_of(expr, depth)
+            if not asking_elsewhere():
+                # An answer found while a question follows a parameter into other files is
+                # cut short there (one hop): it is not the answer to keep.
+                self._kinds[expr] = found
             return found
 
     def _kind_of(self, expr: ast.AST, depth: int) -> ObjectKind | None:
@@ -93,8 +97,12 @@ class KindQueries(IndexQueries):
                 found = self.kind_of(value, depth + 1)
                 if found is not None:
                     return found
-            if isinstance(expr, ast.Attribute):
-                # `self.criterion` assigned only by a base class (maybe in another file).
+            if isinstance(expr, ast.Attribute) or (
+                self.parameter_of(expr) is not None  # type: ignore[attr-defined]
+                and not self.call_sites(self.parameter_of(expr))  # type: ignore[attr-defined]
+            ):
+                # `self.criterion` assigned only by a base class (maybe in another file), or
+                # a parameter of a function only other project files call.
                 inherited = self.get(ObjectModel).kind_of(expr)  # type: ignore[attr-defined]
                 if inherited is not None:
                     return inherited

@@ -51,8 +51,10 @@ def _forwards_through_helpers(
     switch no mode and train nothing; not a call in a loop of the helper's own."""
     analysis = modes_of(facts)
     for call in facts.calls_in(function):
-        if any(facts.is_inside(loop, function) for loop in facts.enclosing_loops(call)):
-            continue
+        if any(facts.is_inside(loop, function) for loop in facts.enclosing_loops(call)) and (
+            depth == 0 or evaluation_context(facts, call) is not None
+        ):
+            continue  # the helper's own loop over a loader is judged by itself
         key = run_key(facts, call)
         if key is not None and key not in entry:
             key = model_part_key(facts, call, key, entry)

@@ -74,10 +74,9 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
     call. So is a loop that feeds each batch to a method of the model itself
     (`self.model.predict(batch)`, not one of `nn.Module`'s own) after `self.model.eval()`,
     when the model's class is out of sight (handed to the constructor) or its method
-    reaches its forward. Decoding with transformers' `generate()` turns gradients off itself
-    and is not reported.
-    A model's submodule or method (`self.gen.encoder(x)`) runs in its mode, also two `self.`
-    helpers down from the loop (`self.total_loss(b)` -> `self.part_loss(b)`).
+    reaches its forward; so does a model's submodule or method (`self.gen.encoder(x)`), also
+    two `self.` helpers down (`self.total_loss(b)` -> `self.part_loss(b)`). Decoding with
+    transformers' `generate()` turns gradients off itself and is not reported.
 
     ## Why it is wrong
     `eval()` only changes how layers behave; it does not stop autograd. Every forward pass
@@ -129,7 +128,7 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
                 if hit is not None:
                     yield hit
     yield from _flag_evaluations_with_grad(facts)
-    reported: set[ast.Call] = set()  # a model's method may be seen as a helper's forward too
+    reported: set[ast.Call] = set()  # one finding per site: a helper's model seen twice
     for site, loop, key, method, owner, forward in eval_loops_through_model_methods(facts):
         if facts.in_no_grad(site) or facts.under_unknown_decorator(site):
             continue
@@ -158,6 +157,7 @@ def eval_without_no_grad(facts: Facts) -> Iterator[Hit]:
             continue
         if facts.parameters_frozen_before(key, context) or facts.forward_may_disable_grad(call):
             continue
+        reported.add(site)
         yield Hit(
             site,
             f"`{function.name}` runs `{key}` (line {call.lineno}) for this evaluation loop with "
