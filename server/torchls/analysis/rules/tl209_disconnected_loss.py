@@ -74,6 +74,44 @@ def _was_detached(facts: Facts, expr: ast.AST, depth: int = 0) -> bool:
     return False
 
 
+def _terms(expr: ast.AST) -> list[ast.AST]:
+    """The summands of `a + b - c`, each stripped of a scalar weight (`0.5 * x`, `x * w`)."""
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, (ast.Add, ast.Sub)):
+        return _terms(expr.left) + _terms(expr.right)
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, (ast.Mult, ast.Div)):
+        for side, other in ((expr.left, expr.right), (expr.right, expr.left)):
+            if isinstance(other, (ast.Constant, ast.Name, ast.Subscript, ast.Attribute)):
+                if isinstance(side, (ast.Call, ast.Name, ast.BinOp)):
+                    return _terms(side) if isinstance(side, ast.BinOp) else [side]
+    return [expr]
+
+
+def _detached_term(facts: Facts, subject: ast.AST | None) -> ast.AST | None:
+    """A summand of the backward()-ed loss that is a computed value detached afterwards
+    (`at = criterion_at(fs, ft).detach()`, then `loss = ce + at`), while another summand
+    is not: that part of the objective trains nothing."""
+    value = subject
+    if isinstance(subject, ast.Name):
+        assignment = facts.reaching_assignment(subject)
+        value = assignment.value if assignment is not None and assignment.index is None else None
+    if value is None:
+        return None
+    terms = _terms(value)
+    if len(terms) < 2:
+        return None
+    detached: list[ast.AST] = []
+    for term in terms:
+        held = facts.binding_value(term) if isinstance(term, ast.Name) else term
+        if isinstance(held, ast.BinOp) and len(_terms(held)) == 1:
+            held = _terms(held)[0]  # `transfer(...).detach() * beta`: the weighted value
+        if not isinstance(held, ast.Call) or facts.method_name(held) != "detach":
+            continue
+        computed = facts.receiver(held)
+        if isinstance(computed, ast.Call) and facts.method_name(computed) not in DETACHING_METHODS:
+            detached.append(term)
+    return detached[0] if detached and len(detached) < len(terms) else None
+
+
 @rule(
     "TL209",
     "disconnected-loss",
@@ -86,7 +124,9 @@ def disconnected_loss(facts: Facts) -> Iterator[Hit]:
     `backward()` on a loss that is a copy of a detached value: `torch.tensor(loss.item())`,
     `torch.from_numpy(out.numpy())`, `loss.detach()` or `.data`, also through
     `.requires_grad_()`, casts, device moves, `.mean()` / `.sum()` and the assignments
-    between them and `backward()`.
+    between them and `backward()`. Also a loss summed from terms one of which was computed
+    and then detached (`at = transfer(fs, ft).detach()`, `loss = ce + at`): that term adds
+    to the value and trains nothing.
 
     ## Why it is wrong
     The rebuilt tensor is a new leaf: `backward()` runs without error (add
@@ -106,6 +146,16 @@ def disconnected_loss(facts: Facts) -> Iterator[Hit]:
     for call in facts.method_calls("backward"):
         found = _detached_reason(facts, facts.receiver(call))  # type: ignore[arg-type]
         if found is None:
+            subject = facts.receiver(call)
+            term = _detached_term(facts, subject)
+            if subject is not None and isinstance(term, ast.expr):
+                yield Hit(
+                    call,
+                    f"backward() on `{facts.source.segment(subject)}`, but its term "
+                    f"`{facts.source.segment(term)}` (line {term.lineno}) was detached after it "
+                    "was computed: it adds to the loss value and sends no gradient to what "
+                    "produced it",
+                )
             continue
         node, reason = found
         yield Hit(

@@ -77,11 +77,49 @@ def _inside_branch(facts: Facts, node: ast.AST, branch: tuple[ast.If, str]) -> b
     return any(facts.is_inside(node, s) for s in getattr(statement, name))
 
 
+def _rank_early_exit(facts: Facts, call: ast.Call) -> ast.If | None:
+    """An earlier `if <rank test>: ... return` in the function of `call` (`if rank != 0:
+    return` at the top of a save method): only the ranks for which the test is false reach
+    `call`. Not when that branch makes the same collective before it returns (the other
+    ranks' half of a wait-for-the-main-rank idiom)."""
+    qualname = facts.call_qualname(call)
+    child: ast.AST = call
+    current = facts.parents.get(call)
+    while current is not None and not isinstance(current, (ast.Lambda, ast.ClassDef)):
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(current, field, None)
+            if not isinstance(block, list) or child not in block:
+                continue
+            for earlier in block[: block.index(child)]:
+                if (
+                    isinstance(earlier, ast.If)
+                    and not earlier.orelse
+                    and isinstance(earlier.body[-1], ast.Return)
+                    and facts.rank_dependent(earlier.test)
+                    and not _waits_before_returning(facts, earlier, qualname)
+                ):
+                    return earlier
+        if isinstance(current, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return None
+        child, current = current, facts.parents.get(current)
+    return None
+
+
+@exemption("TL801", "neg_barrier_after_rank_early_return_waits.py")
+def _waits_before_returning(facts: Facts, branch: ast.If, qualname: str | None) -> bool:
+    """The early-return branch makes the same collective before it returns (`if rank != 0:
+    dist.barrier(); return`): the ranks that leave there wait for the others first."""
+    return any(facts.call_qualname(c) == qualname for c in facts.calls_in(branch))
+
+
 def _only_on_some_ranks(facts: Facts, call: ast.Call) -> tuple[ast.AST, str] | None:
     """(where the restriction is, how) when `call` only runs on some ranks."""
     branch = _rank_branch(facts, call)
     if branch is not None:
         return branch[0], "branch"
+    exit_ = _rank_early_exit(facts, call)
+    if exit_ is not None:
+        return exit_, "early"
     function = facts.enclosing_function(call)
     if function is None:
         return None
@@ -129,6 +167,10 @@ def collective_in_rank_branch(facts: Facts) -> Iterator[Hit]:
     as a helper called under `if not is_main:` and again under `if is_main:`),
     collectives under non-rank conditions and collectives a parameter switches on
     (`if use_barrier:`) that the call leaves off are not reported.
+    A collective after an early `if <rank test>: return` in the same function (`if rank !=
+    0: return` at the top of a save method that ends in `dist.barrier()`) is reached only by
+    the ranks that get past it; not when that branch makes the same collective itself before
+    it returns (the waiting half of a main-rank-first idiom).
 
     ## Why it is wrong
     A collective completes only when every rank of the group calls it. If rank 0 alone
@@ -155,7 +197,7 @@ def collective_in_rank_branch(facts: Facts) -> Iterator[Hit]:
         qualname = facts.call_qualname(call)
         branch = _rank_branch(facts, call)
         region = facts.enclosing_function(call) if branch is None else None
-        if any(
+        if found[1] != "early" and any(
             c is not call
             and facts.call_qualname(c) == qualname
             and not (
@@ -173,6 +215,10 @@ def collective_in_rank_branch(facts: Facts) -> Iterator[Hit]:
         if how == "branch":
             test = facts.source.segment(where.test)  # type: ignore[attr-defined]
             detail = f"inside `if {test}:` (line {where.lineno})"
+        elif how == "early":
+            early: ast.If = where  # type: ignore[assignment]
+            test = facts.source.segment(early.test)
+            detail = f"on the ranks that get past `if {test}: return` (line {early.lineno})"
         elif how == "decorator":
             detail = "in a function that only runs on rank 0"
         else:
