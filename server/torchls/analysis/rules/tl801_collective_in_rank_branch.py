@@ -95,7 +95,7 @@ def _rank_early_exit(facts: Facts, call: ast.Call) -> ast.If | None:
                     isinstance(earlier, ast.If)
                     and not earlier.orelse
                     and isinstance(earlier.body[-1], ast.Return)
-                    and facts.rank_dependent(earlier.test)
+                    and _holds_on_some_ranks(facts, earlier.test)
                     and not _waits_before_returning(facts, earlier, qualname)
                 ):
                     return earlier
@@ -103,6 +103,14 @@ def _rank_early_exit(facts: Facts, call: ast.Call) -> ast.If | None:
             return None
         child, current = current, facts.parents.get(current)
     return None
+
+
+def _holds_on_some_ranks(facts: Facts, test: ast.expr) -> bool:
+    """A rank test, or an `and` with one among its operands (`dist.is_initialized() and
+    dist.get_rank() != 0 and not cfg.shard`): false on some ranks whatever the rest."""
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        return any(_holds_on_some_ranks(facts, value) for value in test.values)
+    return facts.rank_dependent(test)
 
 
 @exemption("TL801", "neg_barrier_after_rank_early_return_waits.py")
