@@ -97,12 +97,8 @@ class KindQueries(IndexQueries):
                 found = self.kind_of(value, depth + 1)
                 if found is not None:
                     return found
-            if isinstance(expr, ast.Attribute) or (
-                self.parameter_of(expr) is not None  # type: ignore[attr-defined]
-                and not self.call_sites(self.parameter_of(expr))  # type: ignore[attr-defined]
-            ):
-                # `self.criterion` assigned only by a base class (maybe in another file), or
-                # a parameter of a function only other project files call.
+            if isinstance(expr, ast.Attribute):
+                # `self.criterion` assigned only by a base class (maybe in another file).
                 inherited = self.get(ObjectModel).kind_of(expr)  # type: ignore[attr-defined]
                 if inherited is not None:
                     return inherited
