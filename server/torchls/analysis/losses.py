@@ -11,7 +11,7 @@ import ast
 from typing import TYPE_CHECKING
 
 from torchls.analysis.findings import Related
-from torchls.analysis.objects import ObjectModel
+from torchls.analysis.objects import ObjectModel, Value, _on_self
 from torchls.analysis.queries.vocabulary import (
     PASS_THROUGH_FUNCTIONS,
     PASS_THROUGH_METHODS,
@@ -493,6 +493,49 @@ class ChosenLoss:
     kinds: frozenset[str]
 
 
+class ChosenLosses:
+    """Per file: every call of a loss object bound to losses of different kinds on different
+    paths (or once to a loss and elsewhere only to `None`), with the constructors of each
+    kind, worked out once and shared through `facts.get` (TL101 and TL102 both ask)."""
+
+    def __init__(self, facts: Facts) -> None:
+        self.calls: list[tuple[ast.Call, ast.expr, dict[str, list[Value]]]] = []
+        model = facts.get(ObjectModel)
+        known = {id(loss_call.call) for loss_call in facts.loss_calls}
+        for call in facts.calls:
+            func = call.func
+            if id(call) in known or not call.args:
+                continue
+            if not (
+                (isinstance(func, ast.Name) and func.id in facts.bound_names)
+                or (isinstance(func, ast.Attribute) and _on_self(func))
+            ):
+                continue
+            values = model.values(func)
+            if not values or len(values) < 2:
+                continue
+            kinds = _loss_kinds(values)
+            given = _argument(call, 0, "input")
+            if not kinds or given is None:
+                continue
+            if _tests_the_choice(facts, call, [v for vs in kinds.values() for v in vs]):
+                continue
+            self.calls.append((call, given, kinds))
+
+
+def _loss_kinds(values: list[Value]) -> dict[str, list[Value]]:
+    """The values by loss kind, `None` placeholders aside; empty when one is not a loss."""
+    kinds: dict[str, list[Value]] = {}
+    for value in values:
+        if isinstance(value.expr, ast.Constant) and value.expr.value is None:
+            continue
+        kind = value.facts.kind_of(value.expr)
+        if kind is None or kind.kind != "loss" or kind.by_name or kind.detail is None:
+            return {}
+        kinds.setdefault(kind.detail, []).append(value)
+    return kinds
+
+
 def chosen_losses(facts: Facts, loss: str) -> list[ChosenLoss]:
     """The calls of this file that run a loss object bound to losses of different kinds on
     different paths (or bound once to a loss and elsewhere only to `None`, a placeholder a
@@ -500,45 +543,12 @@ def chosen_losses(facts: Facts, loss: str) -> list[ChosenLoss]:
     setting that picks the loss: the call then feeds `loss` on every path where the setting
     picks it. `chosen_losses(facts, "CrossEntropyLoss")`."""
     found = []
-    model = facts.get(ObjectModel)
-    known = {id(loss_call.call) for loss_call in facts.loss_calls}
-    for call in facts.calls:
-        func = call.func
-        if id(call) in known or not call.args:
-            continue
-        if not (
-            (isinstance(func, ast.Name) and func.id in facts.bound_names)
-            or (isinstance(func, ast.Attribute) and _on_self(func))
-        ):
-            continue
-        values = model.values(func)
-        if not values:
-            continue
-        kinds: dict[str, list] = {}
-        for value in values:
-            if isinstance(value.expr, ast.Constant) and value.expr.value is None:
-                continue
-            kind = value.facts.kind_of(value.expr)
-            if kind is None or kind.kind != "loss" or kind.by_name or kind.detail is None:
-                kinds = {}
-                break
-            kinds.setdefault(kind.detail, []).append(value)
-        if loss not in kinds or len(values) < 2:
-            continue
-        chosen = kinds[loss][0]
-        if not isinstance(chosen.expr, ast.Call):
-            continue
-        given = _argument(call, 0, "input")
-        if given is None or _tests_the_choice(
-            facts, call, [v for vs in kinds.values() for v in vs]
-        ):
+    for call, given, kinds in facts.get(ChosenLosses).calls:
+        chosen = kinds[loss][0] if loss in kinds else None
+        if chosen is None or not isinstance(chosen.expr, ast.Call):
             continue
         found.append(ChosenLoss(call, loss, given, chosen.expr, chosen.facts, frozenset(kinds)))
     return found
-
-
-def _on_self(func: ast.Attribute) -> bool:
-    return isinstance(func.value, ast.Name) and func.value.id == "self"
 
 
 def _test_words(test: ast.expr) -> set[object]:
@@ -567,7 +577,7 @@ def _enclosing_tests(facts: Facts, node: ast.AST) -> list[ast.expr]:
 
 
 @exemption("TL101", "neg_chosen_loss_under_the_same_test.py")
-def _tests_the_choice(facts: Facts, call: ast.Call, values: list) -> bool:
+def _tests_the_choice(facts: Facts, call: ast.Call, values: list[Value]) -> bool:
     """The loss call sits under a test that reads what picks the loss (`if "CTC" in
     opt.prediction:` around both the binding and the call): each arm may prepare the input
     its own loss expects, so no one contract holds for the call."""

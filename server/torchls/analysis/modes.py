@@ -1002,10 +1002,7 @@ def _model_method(
         info = owner.classes.get(klass.name) if isinstance(klass, ast.ClassDef) else None
     if info is None:
         return None
-    for ref in owner.get(ObjectModel).lineage(ClassRef(owner, info)):
-        if func.attr in ref.info.methods:
-            return ref.facts, ref.info.methods[func.attr]
-    return None
+    return owner.get(ObjectModel).class_method(ClassRef(owner, info), func.attr)
 
 
 def _runs_own_part(owner: Facts, method: FunctionNode, depth: int) -> bool:

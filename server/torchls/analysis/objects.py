@@ -16,7 +16,6 @@ object, the definition a method call runs, and the kind of a value computed in i
 from __future__ import annotations
 
 import ast
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,8 +37,6 @@ if TYPE_CHECKING:
 # hierarchy deeper than this is rare in training code and not worth the time.
 MAX_BASES = 6
 MAX_HOPS = 6
-# Set while a kind question follows a parameter into other files' calls (per thread).
-_ASKING = threading.local()
 
 
 @record(frozen=True)
@@ -377,15 +374,7 @@ class ObjectModel:
                 info = info if _alternative_constructor(owner, init, info.node) else None
             if info is None:
                 return None
-            lineage = owner.get(ObjectModel).lineage(ClassRef(owner, info))
-            method = next(
-                (
-                    (ref.facts, ref.info.methods[func.attr])
-                    for ref in lineage
-                    if func.attr in ref.info.methods
-                ),
-                None,
-            )
+            method = owner.get(ObjectModel).class_method(ClassRef(owner, info), func.attr)
             if method is None:
                 return None
             answers[(id(method[0]), method[1].lineno)] = method
@@ -415,9 +404,14 @@ class ObjectModel:
             info = owner.classes.get(definition.node.name)
         if info is None:
             return None
-        for ref in owner.get(ObjectModel).lineage(ClassRef(owner, info)):
-            if func.attr in ref.info.methods:
-                return ref.facts, ref.info.methods[func.attr]
+        return owner.get(ObjectModel).class_method(ClassRef(owner, info), func.attr)
+
+    def class_method(self, ref: ClassRef, name: str) -> tuple[Facts, FunctionNode] | None:
+        """The method `name` that an instance of `ref` runs: its own or its nearest project
+        base class's (another file included)."""
+        for klass in self.lineage(ref):
+            if name in klass.info.methods:
+                return klass.facts, klass.info.methods[name]
         return None
 
     # ------------------------------------------------------------ tuple returns
@@ -568,17 +562,6 @@ class ObjectModel:
         found: list[Value] | None = None
         if isinstance(expr, ast.Attribute):
             found = self.inherited_attribute_values(expr)
-        elif isinstance(expr, ast.Name) and self.facts.parameter_of(expr) is not None:
-            if self.facts.reaching_assignment(expr) is None and not getattr(_ASKING, "on", False):
-                # What other files' calls pass, one hop only: the kinds asked there may lead
-                # back here (a helper each file calls with what the other hands it).
-                _ASKING.on = True
-                try:
-                    passed = self._arguments_elsewhere(expr)
-                    kinds = {_kind_in_own_file(value) for value in passed or ()}
-                finally:
-                    _ASKING.on = False
-                return kinds.pop() if passed and len(kinds) == 1 else None
         elif isinstance(expr, ast.Name):
             assignment = self.facts.reaching_assignment(expr)
             if (
@@ -595,11 +578,6 @@ class ObjectModel:
             return None
         kind = kinds.pop()
         return kind
-
-
-def asking_elsewhere() -> bool:
-    """A kind question is following a parameter into other files' calls on this thread."""
-    return getattr(_ASKING, "on", False)
 
 
 def _alternative_constructor(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 from functools import cached_property, lru_cache
 
-from torchls.analysis.objects import ObjectModel, asking_elsewhere
+from torchls.analysis.objects import ObjectModel
 from torchls.analysis.queries.index import IndexQueries
 from torchls.analysis.queries.vocabulary import (
     ACTIVATION_MODULES,
@@ -81,11 +81,7 @@ class KindQueries(IndexQueries):
         try:
             return self._kinds[expr]
         except KeyError:
-            found = self._kind_of(expr, depth)
-            if not asking_elsewhere():
-                # An answer found while a question follows a parameter into other files is
-                # cut short there (one hop): it is not the answer to keep.
-                self._kinds[expr] = found
+            found = self._kinds[expr] = self._kind_of(expr, depth)
             return found
 
     def _kind_of(self, expr: ast.AST, depth: int) -> ObjectKind | None:

@@ -17,15 +17,16 @@ from torchls.analysis.facts import Facts
 from torchls.analysis.findings import Related
 from torchls.analysis.queries.vocabulary import ClassInfo
 from torchls.analysis.registry import Hit, exemption
+from torchls.analysis.rules._graph_collectors import _self_attr
+
+
+def _on(node: ast.AST) -> str | None:
+    """`x` for `self.x`."""
+    return _self_attr(node, "self")
+
 
 Loop = ast.For | ast.AsyncFor | ast.While
 EMPTY_BUILDERS = {"list", "dict", "deque", "defaultdict", "OrderedDict"}
-
-
-def _self_attr(node: ast.AST) -> str | None:
-    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-        return node.attr if node.value.id == "self" else None
-    return None
 
 
 def _self_accumulation(stmt: ast.AST) -> tuple[str, ast.expr, str] | None:
@@ -35,17 +36,17 @@ def _self_accumulation(stmt: ast.AST) -> tuple[str, ast.expr, str] | None:
         call = stmt.value
         func = call.func
         if isinstance(func, ast.Attribute) and func.attr == "append" and len(call.args) == 1:
-            attr = _self_attr(func.value)
+            attr = _on(func.value)
             if attr is not None:
                 return attr, call.args[0], "append"
     if isinstance(stmt, ast.AugAssign) and isinstance(stmt.op, ast.Add):
-        attr = _self_attr(stmt.target)
+        attr = _on(stmt.target)
         if attr is not None:
             return attr, stmt.value, "+="
     if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
         target = stmt.targets[0]
         if isinstance(target, ast.Subscript) and not isinstance(target.slice, ast.Constant):
-            attr = _self_attr(target.value)
+            attr = _on(target.value)
             if attr is not None:
                 return attr, stmt.value, "[]="
     return None
@@ -60,7 +61,7 @@ def _runs_per_step(facts: Facts, info: ClassInfo) -> dict[ast.AST, Loop]:
     for method in info.methods.values():
         for call in facts.calls_in(method):
             func = call.func
-            if not isinstance(func, ast.Attribute) or _self_attr(func) is None:
+            if not isinstance(func, ast.Attribute) or _on(func) is None:
                 continue
             target = info.methods.get(func.attr)
             if target is not None and target is not method:
@@ -100,13 +101,11 @@ def _resets(facts: Facts, info: ClassInfo, attr: str) -> list[ast.AST]:
     found: list[ast.AST] = []
     for method in info.methods.values():
         for node in facts.walk_local(method):
-            if (
-                isinstance(node, ast.Assign) and any(_self_attr(t) == attr for t in node.targets)
-            ) or (
+            if (isinstance(node, ast.Assign) and any(_on(t) == attr for t in node.targets)) or (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Attribute)
                 and node.func.attr == "clear"
-                and _self_attr(node.func.value) == attr
+                and _on(node.func.value) == attr
             ):
                 found.append(method)
                 break
@@ -119,10 +118,8 @@ def _fresh_container(facts: Facts, info: ClassInfo, attr: str) -> bool:
     if not values:
         return False
     for value in values:
-        if isinstance(value, (ast.List, ast.Dict)) and not getattr(
-            value, "elts", getattr(value, "keys", None)
-        ):
-            continue
+        if isinstance(value, (ast.List, ast.Dict)) and not _is_display(value):
+            continue  # `[]`, `{}`
         if isinstance(value, ast.Constant) and value.value == 0:
             continue
         if (
@@ -158,7 +155,7 @@ def _kept_loss(
         if value.id in loss_names_of(method) and not detached(value):
             return value.id, None
         return None
-    other = _self_attr(value)
+    other = _on(value)
     if other is None:
         return None
     stores = [
